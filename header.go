@@ -1,0 +1,66 @@
+package idem
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/textproto"
+	"strings"
+)
+
+// MarshalHeader encodes stored metadata canonically (a JSON object of
+// string arrays, keys sorted) so SQL stores keep it readable to operators.
+// A nil or empty header encodes to nil.
+func MarshalHeader(h map[string][]string) ([]byte, error) {
+	if len(h) == 0 {
+		return nil, nil
+	}
+	return json.Marshal(h)
+}
+
+// UnmarshalHeader decodes what MarshalHeader produced, and refuses what it
+// could not have: a name that is not an HTTP token, or a value holding a
+// control character. A damaged or tampered row therefore cannot inject a
+// header into a replay.
+func UnmarshalHeader(b []byte) (map[string][]string, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	var h map[string][]string
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, fmt.Errorf("idem: stored header: %w", err)
+	}
+	for name, values := range h {
+		if !validHeaderName(name) {
+			return nil, fmt.Errorf("idem: stored header: invalid name %q", name)
+		}
+		if canonical := textproto.CanonicalMIMEHeaderKey(name); canonical != name {
+			return nil, fmt.Errorf("idem: stored header: name %q is not canonical (%q)", name, canonical)
+		}
+		for _, v := range values {
+			if strings.IndexFunc(v, isCTL) >= 0 {
+				return nil, fmt.Errorf("idem: stored header %s: control character in value", name)
+			}
+		}
+	}
+	return h, nil
+}
+
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// isCTL reports a control character that may not appear in a field value
+// (horizontal tab is allowed).
+func isCTL(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }

@@ -1,0 +1,94 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// JanitorConfig configures a Janitor.
+type JanitorConfig struct {
+	// Interval is the pause between two purge passes. Defaults to 1m.
+	Interval time.Duration
+	// BatchSize bounds each Store.Purge call, so that no delete holds locks
+	// long enough to stall claims. Defaults to 1000.
+	BatchSize int
+	// BatchPause is a pause between two batches of one pass, leaving room
+	// to the claims. Defaults to 0 (none).
+	BatchPause time.Duration
+	// Logger receives a line per pass that deleted something and the
+	// errors. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Janitor deletes expired records in the background, in bounded batches.
+// A record past retention already counts as absent to claims; the janitor
+// only gives the space back.
+type Janitor struct {
+	store  Store
+	config JanitorConfig
+}
+
+// NewJanitor returns a janitor over store. A nil config means the defaults.
+func NewJanitor(store Store, config *JanitorConfig) *Janitor {
+	c := JanitorConfig{}
+	if config != nil {
+		c = *config
+	}
+	if c.Interval <= 0 {
+		c.Interval = time.Minute
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 1000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return &Janitor{store: store, config: c}
+}
+
+// PurgeOnce deletes expired records in batches until a batch comes back
+// short, and returns how many it deleted.
+func (j *Janitor) PurgeOnce(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		n, err := j.store.Purge(ctx, PurgeParams{Limit: j.config.BatchSize})
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n < j.config.BatchSize {
+			return total, nil
+		}
+		if j.config.BatchPause > 0 {
+			select {
+			case <-ctx.Done():
+				return total, ctx.Err()
+			case <-time.After(j.config.BatchPause):
+			}
+		}
+	}
+}
+
+// Run purges every Interval until ctx ends, and then returns nil.
+func (j *Janitor) Run(ctx context.Context) error {
+	ticker := time.NewTicker(j.config.Interval)
+	defer ticker.Stop()
+	for {
+		n, err := j.PurgeOnce(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil && !errors.Is(err, context.Canceled):
+			j.config.Logger.WarnContext(ctx, "idem: purge failed", slog.Any("error", err), slog.Int("deleted", n))
+		case n > 0:
+			j.config.Logger.InfoContext(ctx, "idem: purged expired records", slog.Int("deleted", n))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}

@@ -1,0 +1,125 @@
+package idem
+
+import (
+	"context"
+	"time"
+)
+
+// Store keeps idempotency records. Implementations: idemmem (in memory),
+// idemsql (database/sql: SQLite, MySQL/MariaDB, PostgreSQL), idempg (pgx)
+// and idemredis. Every implementation passes idemstoretest.Exercise.
+//
+// All times (lease ends, retention) are decided by the store's own clock
+// (SQL now(), Redis TIME), never by the caller's, so that application
+// servers with drifting clocks agree.
+//
+// # Stability
+//
+// The interface may gain methods in minor versions until v1; stores outside
+// this module should embed nothing and expect to follow.
+type Store interface {
+	// Claim atomically claims (tenant, key) for one execution, in one
+	// store operation (never read-then-write). The claim is won when there
+	// is no record, when the record is past retention, or when it is in
+	// flight with an expired lease and the same fingerprint (a takeover).
+	// Winning writes an in-flight record holding ClaimParams.Token until
+	// now+Lease. A lost claim returns the existing record.
+	Claim(ctx context.Context, p ClaimParams) (ClaimResult, error)
+
+	// Begin opens the unit of work in which the handler's business writes
+	// and the completion commit together. Stores without transactions
+	// return a Tx that only completes.
+	Begin(ctx context.Context) (Tx, error)
+
+	// Extend moves the end of a held lease to now+Lease (the heartbeat).
+	// It returns ErrLeaseLost when the record is no longer in flight under
+	// Token.
+	Extend(ctx context.Context, p ExtendParams) error
+
+	// Release deletes the in-flight record held under Token, so that the
+	// next retry runs afresh. It does nothing, without error, when the
+	// record is complete or held under another token.
+	Release(ctx context.Context, p ReleaseParams) error
+
+	// Get reads the record for (tenant, key), whatever its state or
+	// retention, or returns ErrNotFound.
+	Get(ctx context.Context, tenant, key string) (*Record, error)
+
+	// Purge deletes at most Limit records whose retention has passed and
+	// which hold no live lease, and returns how many it deleted. It works
+	// in a bounded batch so that claims are never blocked behind it.
+	Purge(ctx context.Context, p PurgeParams) (int, error)
+}
+
+// Tx is one unit of work: the handler's business writes and the completion
+// of the record. For SQL stores it is a database transaction.
+//
+// Rollback after Complete is harmless, so `defer tx.Rollback(ctx)` is
+// always right.
+type Tx interface {
+	// Context returns a child of ctx through which the handler reaches the
+	// store's transaction (for example idemsql.Tx(ctx) or idempg.Tx(ctx)).
+	Context(ctx context.Context) context.Context
+
+	// Complete stores the result, fenced by the lease token, and commits
+	// the unit of work. If the record is no longer in flight under the
+	// token it returns ErrLeaseLost and everything, the business writes
+	// included, is rolled back.
+	Complete(ctx context.Context, p CompleteParams) error
+
+	// Rollback abandons the unit of work. The record stays in flight.
+	Rollback(ctx context.Context) error
+}
+
+// ClaimParams are the arguments of Store.Claim.
+type ClaimParams struct {
+	Tenant      string
+	Key         string
+	Fingerprint []byte
+	// Token is the fresh lease token of this execution.
+	Token int64
+	// Lease is how long the claim holds the key without a heartbeat.
+	Lease time.Duration
+	// Retention is how long the record lives, counted from the claim (the
+	// completion restarts it).
+	Retention time.Duration
+}
+
+// ClaimResult is what Store.Claim returns.
+type ClaimResult struct {
+	// Won is true when this execution now holds the key.
+	Won bool
+	// Record is the existing record when the claim was lost; nil when won.
+	Record *Record
+}
+
+// CompleteParams are the arguments of Tx.Complete.
+type CompleteParams struct {
+	Tenant string
+	Key    string
+	Token  int64
+	Result Result
+	// Retention is how long the completed record lives, from now.
+	Retention time.Duration
+}
+
+// ExtendParams are the arguments of Store.Extend.
+type ExtendParams struct {
+	Tenant string
+	Key    string
+	Token  int64
+	Lease  time.Duration
+}
+
+// ReleaseParams are the arguments of Store.Release.
+type ReleaseParams struct {
+	Tenant string
+	Key    string
+	Token  int64
+}
+
+// PurgeParams are the arguments of Store.Purge.
+type PurgeParams struct {
+	// Limit bounds the batch. Defaults to 1000 when zero.
+	Limit int
+}
