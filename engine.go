@@ -23,9 +23,8 @@ type Config struct {
 	// take it over. Defaults to 90s.
 	Lease time.Duration
 
-	// Retention is how long a record is kept, and replayed, after the
-	// operation completed. Past it the key counts as absent. Defaults to
-	// 24h. Set it longer than the longest delay a client, a queue or a
+	// Retention is how long a record is kept, and replayed, counted from
+	// the claim. Past it the key counts as absent. Defaults to 24h. Set it longer than the longest delay a client, a queue or a
 	// batch job may retry after.
 	Retention time.Duration
 
@@ -209,7 +208,7 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, fn func(ctx
 		return Outcome{}, err
 	}
 
-	complete := CompleteParams{Tenant: op.Tenant, Key: op.Key, Token: token, Result: res, Retention: e.config.Retention}
+	complete := CompleteParams{Tenant: op.Tenant, Key: op.Key, Token: token, Result: res}
 	complete.Result.RollbackWrites = false
 	if res.RollbackWrites {
 		// Store the answer without the business writes: roll them back and

@@ -31,8 +31,8 @@ type Store interface {
 	// return a Tx that only completes.
 	Begin(ctx context.Context) (Tx, error)
 
-	// Extend moves the end of a held lease to now+Lease (the heartbeat).
-	// It returns ErrLeaseLost when the record is no longer in flight under
+	// Extend moves the end of a held lease to now+Lease (the heartbeat),
+	// and the end of retention to at least the end of the lease. It returns ErrLeaseLost when the record is no longer in flight under
 	// Token.
 	Extend(ctx context.Context, p ExtendParams) error
 
@@ -80,8 +80,11 @@ type ClaimParams struct {
 	Token int64
 	// Lease is how long the claim holds the key without a heartbeat.
 	Lease time.Duration
-	// Retention is how long the record lives, counted from the claim (the
-	// completion restarts it).
+	// Retention is how long the record lives, counted from the claim.
+	// Counting from the claim, not from the completion, keeps the
+	// completion an update of unindexed columns only (a HOT update on
+	// PostgreSQL); a handler outliving its retention keeps it through the
+	// heartbeat, since Extend never lets the retention end before the lease.
 	Retention time.Duration
 }
 
@@ -99,8 +102,6 @@ type CompleteParams struct {
 	Key    string
 	Token  int64
 	Result Result
-	// Retention is how long the completed record lives, from now.
-	Retention time.Duration
 }
 
 // ExtendParams are the arguments of Store.Extend.

@@ -206,7 +206,6 @@ func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 		rec.State = idem.StateComplete
 		rec.Result = res
 		rec.CompletedAt = now
-		rec.ExpiresAt = now.Add(p.Retention)
 		return nil
 	})
 }
