@@ -148,7 +148,9 @@ func (e *Engine) Do(ctx context.Context, op Operation, fn func(ctx context.Conte
 		Fingerprint: op.Fingerprint,
 		Token:       token,
 		Lease:       e.config.Lease,
-		Retention:   e.config.Retention,
+		// Never shorter than the lease: a record past retention counts
+		// as absent, so a retry would take over a key still held.
+		Retention: max(e.config.Retention, e.config.Lease),
 	})
 	if err != nil {
 		return Outcome{}, storeError("claim", err)
@@ -179,7 +181,10 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, fn func(ctx
 		e.release(ctx, op, token)
 		return Outcome{}, storeError("begin", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // harmless after Complete; errors are reported by Complete
+	// Through a closure, so that the second unit of work RollbackWrites
+	// opens below is ended too. Harmless after Complete; errors are
+	// reported by Complete.
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
 	runCtx := tx.Context(ctx)
 	var hb *heartbeat

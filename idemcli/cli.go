@@ -1,0 +1,265 @@
+// Package idemcli is the idem command line: the demo orders API (serve),
+// the schema migration of the idempotency records (migrate), their purge
+// (purge) and the live-API checker (check).
+//
+// cmd/idem is a thin main over Main, so that the commands can be run and
+// tested in-process.
+//
+// # Commands
+//
+// Each command is a struct with a Run(ctx, opts) method and an options
+// struct that its flags fill: Serve and ServeOpts, Migrate and MigrateOpts,
+// Purge and PurgeOpts. A program that embeds idem can run them without
+// going through flags.
+package idemcli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem/idemcheck"
+)
+
+// Exit statuses of Main.
+const (
+	ExitOK      = 0 // the command succeeded
+	ExitFailure = 1 // the command ran and failed (database unreachable, …)
+	ExitUsage   = 2 // the command line was wrong; nothing ran
+)
+
+// CommandBase holds what every command writes to. The zero value writes
+// nowhere.
+type CommandBase struct {
+	// Stdout receives the command's results (counts, lists).
+	Stdout io.Writer
+	// Logger receives progress and diagnostics. Defaults to discarding.
+	Logger *slog.Logger
+}
+
+func (b *CommandBase) stdout() io.Writer {
+	if b.Stdout == nil {
+		return io.Discard
+	}
+	return b.Stdout
+}
+
+func (b *CommandBase) logger() *slog.Logger {
+	if b.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return b.Logger
+}
+
+// usageError is a command line that cannot run: Main prints it on one line
+// and exits with ExitUsage.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// command is one entry of the command table: how to parse its flags and run
+// it.
+type command struct {
+	name    string
+	summary string
+	// run parses args (its own flags and --help) and runs the command.
+	run func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{
+			name:    "serve",
+			summary: "run the demo orders API behind the idempotency middleware",
+			run:     runServe,
+		},
+		{
+			name:    "migrate",
+			summary: "create or update the idempotency records table",
+			run:     runMigrate,
+		},
+		{
+			name:    "purge",
+			summary: "delete idempotency records past their retention, once",
+			run:     runPurge,
+		},
+		{
+			name:    "check",
+			summary: "fire identical requests with one key at a live API and verify one effect",
+			// run stays nil: check owns its flags, help and exit statuses
+			// (idemcheck.Main).
+		},
+		{
+			name:    "version",
+			summary: "print the version of idem",
+			run:     runVersion,
+		},
+	}
+}
+
+const mainHelp = `idem makes retried requests harmless (the Idempotency-Key pattern).
+
+Usage:
+  idem <command> [flags]
+
+Commands:
+%s
+Run "idem <command> --help" for the flags of a command.
+`
+
+func printMainHelp(w io.Writer) {
+	var b strings.Builder
+	for _, c := range commands() {
+		fmt.Fprintf(&b, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, mainHelp, b.String())
+}
+
+// Main runs the idem command line. args excludes the program name. It
+// returns the exit status: ExitOK, ExitFailure, or ExitUsage for a command
+// line that cannot run. Every error is one line on stderr, prefixed with the
+// command ("idem serve: …"). ctx ends the command early (serve stops
+// cleanly when it ends).
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		printMainHelp(stderr)
+		return ExitUsage
+	}
+	name := args[0]
+	switch name {
+	case "-h", "-help", "--help", "help":
+		printMainHelp(stdout)
+		return ExitOK
+	}
+	for _, c := range commands() {
+		if c.name != name {
+			continue
+		}
+		if c.name == "check" {
+			return idemcheck.Main(ctx, args[1:], stdout, stderr)
+		}
+		err := c.run(ctx, args[1:], stdout, stderr)
+		switch {
+		case err == nil:
+			return ExitOK
+		case errors.Is(err, flag.ErrHelp):
+			return ExitOK
+		}
+		fmt.Fprintf(stderr, "idem %s: %s\n", c.name, oneLine(err.Error()))
+		var ue *usageError
+		if errors.As(err, &ue) {
+			return ExitUsage
+		}
+		return ExitFailure
+	}
+	fmt.Fprintf(stderr, "idem: unknown command %q (run \"idem --help\" for the list)\n", name)
+	return ExitUsage
+}
+
+// oneLine folds a multi-line error (a driver's, say) so that stderr gets
+// exactly one line per failure.
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+}
+
+// parseFlags parses args into fs. --help prints help and the flags to
+// stdout and returns flag.ErrHelp; a bad flag or a stray argument is a
+// usageError.
+func parseFlags(fs *flag.FlagSet, help string, args []string, stdout io.Writer) error {
+	fs.SetOutput(io.Discard) // errors are reported by Main, in one line
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, help)
+			printFlags(stdout, fs)
+			return flag.ErrHelp
+		}
+		// The flag package names flags with one dash; the help uses two.
+		return &usageError{msg: strings.Replace(err.Error(), " -", " --", 1)}
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q (run \"idem %s --help\")", fs.Arg(0), fs.Name())
+	}
+	return nil
+}
+
+// printFlags lists the flags GNU-style (--name), which the flag package
+// accepts as well as -name.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	var lines []string
+	fs.VisitAll(func(f *flag.Flag) {
+		typ, usage := flag.UnquoteUsage(f)
+		if _, ok := f.Value.(*durationFlag); ok && typ == "value" {
+			typ = "duration"
+		}
+		head := "  --" + f.Name
+		if typ != "" {
+			head += " " + typ
+		}
+		line := head + "\n      " + strings.ReplaceAll(usage, "\n", "\n      ")
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" {
+			line += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		lines = append(lines, line)
+	})
+	sort.Strings(lines)
+	fmt.Fprintln(w, "\nFlags:")
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
+	}
+}
+
+func runVersion(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	if err := parseFlags(fs, "Usage: idem version\n\nPrints the module version idem was built from.\n", args, stdout); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "idem", Version())
+	return nil
+}
+
+// Version returns the module version of the running binary ("(devel)" when
+// built from a work tree).
+func Version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok || info.Main.Version == "" {
+		return "(devel)"
+	}
+	return info.Main.Version
+}
+
+// durationFlag is a time.Duration flag whose parse error says what a
+// duration looks like (the flag package's own only says "parse error").
+type durationFlag struct{ p *time.Duration }
+
+func durationVar(fs *flag.FlagSet, p *time.Duration, name string, value time.Duration, usage string) {
+	*p = value
+	fs.Var(&durationFlag{p}, name, usage)
+}
+
+func (d *durationFlag) String() string {
+	if d.p == nil {
+		return ""
+	}
+	return d.p.String()
+}
+
+func (d *durationFlag) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("want a duration such as 500ms, 90s, 5m or 24h")
+	}
+	*d.p = v
+	return nil
+}

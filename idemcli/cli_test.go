@@ -1,0 +1,238 @@
+package idemcli
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// run calls Main in-process and returns its status and streams.
+func run(args ...string) (int, string, string) {
+	var stdout, stderr bytes.Buffer
+	code := Main(context.Background(), args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+func TestMainHelp(t *testing.T) {
+	code, out, _ := run("--help")
+	if code != ExitOK {
+		t.Fatalf("idem --help: exit %d", code)
+	}
+	for _, c := range commands() {
+		if !strings.Contains(out, "  "+c.name+" ") {
+			t.Errorf("idem --help does not list %s:\n%s", c.name, out)
+		}
+	}
+	if code, _, errOut := run(); code != ExitUsage || !strings.Contains(errOut, "Usage:") {
+		t.Fatalf("idem without a command: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// TestCheckIsWired: `idem check` is idemcheck.Main, with its own help and
+// exit statuses.
+func TestCheckIsWired(t *testing.T) {
+	if code, out, _ := run("check", "--help"); code != ExitOK || !strings.Contains(out, "count-url") {
+		t.Fatalf("idem check --help: exit %d, stdout %q", code, out)
+	}
+	if code, _, errOut := run("check"); code != ExitUsage || !strings.HasPrefix(errOut, "idem check: missing URL") || strings.Count(errOut, "\n") != 1 {
+		t.Fatalf("idem check without a URL: exit %d, stderr %q", code, errOut)
+	}
+}
+
+func TestCommandHelpListsEveryFlag(t *testing.T) {
+	flags := map[string][]string{
+		"serve":   {"addr", "db", "keys", "lease", "retention", "require-key", "handler-delay", "purge-interval"},
+		"migrate": {"db", "dry-run"},
+		"purge":   {"db", "batch"},
+	}
+	for cmd, names := range flags {
+		code, out, errOut := run(cmd, "--help")
+		if code != ExitOK || errOut != "" {
+			t.Fatalf("idem %s --help: exit %d, stderr %q", cmd, code, errOut)
+		}
+		for _, name := range names {
+			if !strings.Contains(out, "  --"+name) {
+				t.Errorf("idem %s --help does not explain --%s:\n%s", cmd, name, out)
+			}
+		}
+	}
+	if !strings.Contains(mustRunHelp(t, "serve"), "(default 127.0.0.1:3000)") {
+		t.Error("idem serve --help does not give the default address")
+	}
+}
+
+func mustRunHelp(t *testing.T, cmd string) string {
+	_, out, _ := run(cmd, "--help")
+	return out
+}
+
+// TestBadInput: every bad command line exits non-zero with one readable
+// line on stderr, and starts nothing.
+func TestBadInput(t *testing.T) {
+	db := "sqlite:" + filepath.Join(t.TempDir(), "x.db")
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"nope"}, ExitUsage, `unknown command "nope"`},
+		{[]string{"serve", "--lease", "abc"}, ExitUsage, "--lease"},
+		{[]string{"serve", "--lease", "-1s", "--db", db}, ExitUsage, "--lease must be positive"},
+		{[]string{"serve", "--retention", "0s", "--db", db}, ExitUsage, "--retention must be positive"},
+		{[]string{"serve", "--handler-delay", "-1s", "--db", db}, ExitUsage, "--handler-delay"},
+		{[]string{"serve", "--no-such-flag"}, ExitUsage, "no-such-flag"},
+		{[]string{"serve", "--db", db, "extra"}, ExitUsage, `unexpected argument "extra"`},
+		{[]string{"serve", "--db", "oracle://scott@db/x"}, ExitUsage, "unknown form"},
+		{[]string{"serve", "--db", "sqlite:"}, ExitUsage, "path is empty"},
+		{[]string{"serve", "--db", "mysql://root@127.0.0.1:3306/"}, ExitUsage, "needs a database name"},
+		{[]string{"serve", "--db", "mysql://root@127.0.0.1:3306/test?nosuch=1&tls=maybe"}, ExitUsage, "--db"},
+		{[]string{"serve", "--db", db, "--keys", "http://127.0.0.1:6379"}, ExitUsage, "--keys"},
+		{[]string{"purge", "--batch", "0", "--db", db}, ExitUsage, "--batch must be positive"},
+		{[]string{"migrate", "--db", "postgres://postgres:s3cret@127.0.0.1:1/test?connect_timeout=5"}, ExitFailure, "cannot reach"},
+		{[]string{"purge", "--db", "sqlite:" + filepath.Join(t.TempDir(), "missing.db")}, ExitFailure, "does not exist"},
+		{[]string{"migrate", "--dry-run", "--db", "sqlite:" + filepath.Join(t.TempDir(), "missing.db")}, ExitFailure, "does not exist"},
+	}
+	for _, c := range cases {
+		code, out, errOut := run(c.args...)
+		if code != c.code {
+			t.Errorf("idem %s: exit %d, want %d (stderr %q)", strings.Join(c.args, " "), code, c.code, errOut)
+		}
+		if strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, "idem") || !strings.Contains(errOut, c.want) {
+			t.Errorf("idem %s: stderr %q, want one line saying %q", strings.Join(c.args, " "), errOut, c.want)
+		}
+		if strings.Contains(errOut, "s3cret") {
+			t.Errorf("idem %s: the password shows on stderr: %q", strings.Join(c.args, " "), errOut)
+		}
+		if out != "" {
+			t.Errorf("idem %s: stdout %q, want nothing", strings.Join(c.args, " "), out)
+		}
+	}
+}
+
+func TestParseDB(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want dbTarget
+	}{
+		{"sqlite:idem.db", dbTarget{dialect: dialectSQLite, path: "idem.db"}},
+		{"sqlite:///tmp/x.db", dbTarget{dialect: dialectSQLite, path: "/tmp/x.db"}},
+		{"postgres://postgres@127.0.0.1:5432/test", dbTarget{dialect: dialectPostgres, url: "postgres://postgres@127.0.0.1:5432/test"}},
+		{"mysql://root@127.0.0.1:3306/test", dbTarget{dialect: dialectMySQL, dsn: "root@tcp(127.0.0.1:3306)/test?parseTime=true"}},
+		{"mysql://u:p%40ss@db.local/shop", dbTarget{dialect: dialectMySQL, dsn: "u:p@ss@tcp(db.local:3306)/shop?parseTime=true"}},
+		{"mysql://root@127.0.0.1:3306/test?timeout=5s", dbTarget{dialect: dialectMySQL, dsn: "root@tcp(127.0.0.1:3306)/test?parseTime=true&timeout=5s"}},
+	} {
+		got, err := parseDB(c.in)
+		if err != nil || got != c.want {
+			t.Errorf("parseDB(%q) = %+v, %v; want %+v", c.in, got, err, c.want)
+		}
+	}
+}
+
+// TestMigrateCommand: --dry-run lists what migrate then applies, and
+// changes nothing; a second migrate has nothing to do.
+func TestMigrateCommand(t *testing.T) {
+	for _, kind := range dbKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			db := kind.fresh(t)
+			if kind.name == "sqlite" {
+				// --dry-run refuses to create the file it inspects.
+				if err := os.WriteFile(strings.TrimPrefix(db, "sqlite:"), nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			code, pending, errOut := run("migrate", "--dry-run", "--db", db)
+			if code != ExitOK || !strings.HasPrefix(pending, "pending: 0001_") {
+				t.Fatalf("dry run: exit %d, stdout %q, stderr %q", code, pending, errOut)
+			}
+			if code, again, _ := run("migrate", "--dry-run", "--db", db); code != ExitOK || again != pending {
+				t.Fatalf("a second dry run printed %q, want %q: the first one changed something", again, pending)
+			}
+			code, applied, errOut := run("migrate", "--db", db)
+			if code != ExitOK || applied != strings.ReplaceAll(pending, "pending: ", "applied: ") {
+				t.Fatalf("migrate: exit %d, stdout %q (pending was %q), stderr %q", code, applied, pending, errOut)
+			}
+			for _, args := range [][]string{{"migrate", "--db", db}, {"migrate", "--dry-run", "--db", db}} {
+				if code, out, _ := run(args...); code != ExitOK || out != "up to date\n" {
+					t.Fatalf("idem %s after migrating: exit %d, stdout %q", strings.Join(args, " "), code, out)
+				}
+			}
+		})
+	}
+}
+
+// TestPurgeCommand: purge deletes the records past retention, in batches,
+// and keeps the others.
+func TestPurgeCommand(t *testing.T) {
+	for _, kind := range dbKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			db := kind.fresh(t)
+			if code, _, errOut := run("migrate", "--db", db); code != ExitOK {
+				t.Fatalf("migrate: %s", errOut)
+			}
+			target, err := parseDB(db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cn, err := openDB(context.Background(), target, openOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cn.Close()
+			store := cn.keyStore()
+			claim := func(key string, retention time.Duration) {
+				t.Helper()
+				_, err := store.Claim(context.Background(), idem.ClaimParams{
+					Tenant: "t", Key: key, Token: 1, Lease: time.Millisecond, Retention: retention,
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range 5 {
+				claim("old-"+string(rune('a'+i)), time.Millisecond)
+			}
+			for i := range 3 {
+				claim("live-"+string(rune('a'+i)), time.Hour)
+			}
+			time.Sleep(50 * time.Millisecond) // let the short retention pass on the database's clock
+
+			code, out, errOut := run("purge", "--db", db, "--batch", "2")
+			if code != ExitOK || out != "purged 5 expired records\n" {
+				t.Fatalf("purge: exit %d, stdout %q, stderr %q", code, out, errOut)
+			}
+			for i := range 3 {
+				if _, err := store.Get(context.Background(), "t", "live-"+string(rune('a'+i))); err != nil {
+					t.Fatalf("a live record was purged: %v", err)
+				}
+			}
+			if code, out, _ := run("purge", "--db", db); code != ExitOK || out != "purged 0 expired records\n" {
+				t.Fatalf("second purge: exit %d, stdout %q", code, out)
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	if code, out, _ := run("version"); code != ExitOK || !strings.HasPrefix(out, "idem ") {
+		t.Fatalf("idem version: exit %d, %q", code, out)
+	}
+}
+
+// TestRelativeSQLitePath: the default --db, sqlite:idem.db, is relative to
+// the working directory.
+func TestRelativeSQLitePath(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	if code, out, errOut := run("migrate"); code != ExitOK || !strings.HasPrefix(out, "applied: ") {
+		t.Fatalf("idem migrate with the default --db: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "idem.db")); err != nil {
+		t.Fatalf("the default database is not in the working directory: %v", err)
+	}
+}

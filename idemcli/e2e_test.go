@@ -1,0 +1,366 @@
+package idemcli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemsql"
+)
+
+// The idem binary, built once per test run by idemBinary.
+var (
+	binOnce sync.Once
+	binDir  string
+	binPath string
+	binErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// idemBinary builds cmd/idem as a user would (go build), once.
+func idemBinary(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("skipping: builds the idem binary and starts it (-short)")
+	}
+	binOnce.Do(func() {
+		goTool, err := exec.LookPath("go")
+		if err != nil {
+			binErr = fmt.Errorf("the go command is not on PATH: %w", err)
+			return
+		}
+		if binDir, binErr = os.MkdirTemp("", "idem-e2e-"); binErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "idem")
+		out, err := exec.Command(goTool, "build", "-o", binPath, "github.com/idem-go/idem/cmd/idem").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build ./cmd/idem: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// proc is a running `idem serve`.
+type proc struct {
+	t      *testing.T
+	name   string
+	cmd    *exec.Cmd
+	url    string
+	mu     sync.Mutex
+	logs   strings.Builder
+	addr   chan string // receives the address from the "listening" line
+	exited chan struct{}
+	err    error // Wait's result, once exited is closed
+}
+
+func (p *proc) log() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.logs.String()
+}
+
+var listeningAddr = regexp.MustCompile(`msg=listening addr=(\S+)`)
+
+// startServe starts `idem serve` with args on a free loopback port and
+// waits until it listens.
+func startServe(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	p := launchServe(t, name, args...)
+	p.waitReady()
+	return p
+}
+
+// launchServe starts `idem serve` with args on a free loopback port
+// without waiting for it.
+func launchServe(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(idemBinary(t), append([]string{"serve", "--addr", "127.0.0.1:0"}, args...)...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, name: name, cmd: cmd, addr: make(chan string, 1), exited: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			p.logs.WriteString(line + "\n")
+			p.mu.Unlock()
+			if m := listeningAddr.FindStringSubmatch(line); m != nil {
+				p.addr <- m[1]
+			}
+		}
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("%s logs:\n%s", name, p.log())
+		}
+	})
+	return p
+}
+
+// waitReady waits for the "listening" log line, written once the socket
+// accepts connections.
+func (p *proc) waitReady() {
+	p.t.Helper()
+	select {
+	case a := <-p.addr:
+		p.url = "http://" + a
+	case <-p.exited:
+		p.t.Fatalf("%s exited before listening (%v):\n%s", p.name, p.err, p.log())
+	case <-time.After(2 * time.Minute):
+		p.t.Fatalf("%s did not listen within 2 minutes:\n%s", p.name, p.log())
+	}
+}
+
+// stop sends SIGTERM and checks for a clean shutdown: exit status 0 after
+// the "stopped" log line.
+func (p *proc) stop() {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		p.t.Fatalf("signal %s: %v", p.name, err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(2 * time.Minute):
+		p.t.Fatalf("%s did not stop after SIGTERM:\n%s", p.name, p.log())
+	}
+	if p.err != nil {
+		p.t.Fatalf("%s exited with %v after SIGTERM:\n%s", p.name, p.err, p.log())
+	}
+	if !strings.Contains(p.log(), "msg=stopped") {
+		p.t.Fatalf("%s exited without logging a clean stop:\n%s", p.name, p.log())
+	}
+}
+
+func listOrders(t *testing.T, baseURL, cartID string) []order {
+	t.Helper()
+	a := do(t, req{method: "GET", url: baseURL + "/orders?cart_id=" + cartID})
+	var got []order
+	if a.status != http.StatusOK || json.Unmarshal(a.body, &got) != nil {
+		t.Fatalf("GET /orders?cart_id=%s: %s", cartID, a)
+	}
+	return got
+}
+
+// TestServeSeedTest is the seed's closing test against the real binary on
+// a SQLite file: parallel POSTs with one key, released together, then
+// exactly one order for the cart.
+func TestServeSeedTest(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	p := startServe(t, "idem serve", "--db", "sqlite:"+path)
+
+	reqs := make([]req, 20)
+	for i := range reqs {
+		reqs[i] = req{method: "POST", url: p.url + "/orders", body: `{"cart_id":"c_42","total_cents":1900}`, key: "e2e-seed-key"}
+	}
+	first := checkOneEffect(t, fireTogether(reqs))
+	created := decodeOrderBody(t, first)
+
+	got := listOrders(t, p.url, "c_42")
+	if len(got) != 1 || got[0].ID != created.ID {
+		t.Fatalf("orders for c_42: %+v, want exactly %s", got, created.ID)
+	}
+	// A retry after the fact is a replay of the same bytes.
+	again := do(t, reqs[0])
+	if again.status != http.StatusCreated || !again.replayed() || string(again.body) != string(first.body) {
+		t.Fatalf("late retry: %s replayed=%v, want the first answer replayed", again, again.replayed())
+	}
+	p.stop()
+
+	// Count in the file itself, after the server is gone.
+	db, err := idemsql.OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	n, err := (&sqlOrders{db: db, dialect: dialectSQLite}).count(context.Background(), DefaultTenant, "c_42")
+	if err != nil || n != 1 {
+		t.Fatalf("%d orders in the SQLite file (%v), want 1", n, err)
+	}
+}
+
+// TestServeTwoProcesses is the multi-process proof: two `idem serve`
+// processes on one database, 50 requests with one key split across both
+// and released together, exactly one order. Repeated with fresh keys. On
+// PostgreSQL (pgx, idempg) and MariaDB (database/sql, idemsql).
+func TestServeTwoProcesses(t *testing.T) {
+	for _, kind := range dbKinds[1:] {
+		t.Run(kind.name, func(t *testing.T) {
+			db := kind.fresh(t)
+			// Both start at once: their migrations (orders and keys) must
+			// wait for each other rather than fail.
+			a := launchServe(t, "serve A", "--db", db)
+			b := launchServe(t, "serve B", "--db", db)
+			a.waitReady()
+			b.waitReady()
+
+			for round := range 4 {
+				key := fmt.Sprintf("mp-key-%d", round)
+				cart := fmt.Sprintf("mp-cart-%d", round)
+				body := fmt.Sprintf(`{"cart_id":%q,"total_cents":%d}`, cart, 1000+round)
+				reqs := make([]req, 50)
+				for i := range reqs {
+					base := a.url
+					if i%2 == 1 {
+						base = b.url
+					}
+					reqs[i] = req{method: "POST", url: base + "/orders", body: body, key: key}
+				}
+				first := checkOneEffect(t, fireTogether(reqs))
+				created := decodeOrderBody(t, first)
+				for _, p := range []*proc{a, b} {
+					if got := listOrders(t, p.url, cart); len(got) != 1 || got[0].ID != created.ID {
+						t.Fatalf("round %d: %s lists %+v, want exactly %s", round, p.name, got, created.ID)
+					}
+				}
+				if kind.name == "postgres" {
+					// And in the table itself, across tenants.
+					conn, err := pgx.Connect(context.Background(), db)
+					if err != nil {
+						t.Fatal(err)
+					}
+					var n int
+					err = conn.QueryRow(context.Background(), `SELECT count(*) FROM `+ordersTable+` WHERE cart_id = $1`, cart).Scan(&n)
+					conn.Close(context.Background())
+					if err != nil || n != 1 {
+						t.Fatalf("round %d: %d orders in PostgreSQL (%v), want 1", round, n, err)
+					}
+				}
+			}
+			a.stop()
+			b.stop()
+		})
+	}
+}
+
+// TestServeShutdownFinishesRequests: SIGTERM while a request sleeps in its
+// transaction lets it finish: the client gets its 201, the order and the
+// stored answer are committed, and the process exits 0.
+func TestServeShutdownFinishesRequests(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	p := startServe(t, "idem serve", "--db", "sqlite:"+path, "--handler-delay", "2s")
+	db, err := idemsql.OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	store := idemsql.New(db, idemsql.SQLite)
+
+	answered := make(chan answer, 1)
+	r := req{method: "POST", url: p.url + "/orders", body: goodOrder, key: "shutdown-key"}
+	go func() { answered <- send(http.DefaultClient, r) }()
+	for i := 0; ; i++ {
+		rec, err := store.Get(context.Background(), DefaultTenant, "shutdown-key")
+		if err == nil && rec.State == idem.StateInFlight {
+			break
+		}
+		if i == 1000 {
+			t.Fatalf("the request never got in flight: %+v, %v", rec, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p.stop() // waits for the exit; stop checks status 0 and the "stopped" line
+	a := <-answered
+	if a.err != nil || a.status != http.StatusCreated {
+		t.Fatalf("the request in flight at SIGTERM got %s, want 201", a)
+	}
+	rec, err := store.Get(context.Background(), DefaultTenant, "shutdown-key")
+	if err != nil || rec.State != idem.StateComplete {
+		t.Fatalf("record after shutdown: %+v, %v; want complete", rec, err)
+	}
+	if n, err := (&sqlOrders{db: db, dialect: dialectSQLite}).count(context.Background(), DefaultTenant, "c_42"); err != nil || n != 1 {
+		t.Fatalf("%d orders after shutdown (%v), want 1", n, err)
+	}
+}
+
+// TestCheckAgainstServe points `idem check` at `idem serve`: the demo
+// passes every check, counted through GET /orders.
+func TestCheckAgainstServe(t *testing.T) {
+	p := startServe(t, "idem serve", "--db", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"))
+	cmd := exec.Command(idemBinary(t), "check",
+		"-d", `{"cart_id":"c_check","total_cents":1900}`, "-H", "Content-Type: application/json",
+		"--count-url", p.url+"/orders?cart_id=c_check", p.url+"/orders")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("idem check: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "5 passed, 0 warnings, 0 failed") {
+		t.Fatalf("idem check did not pass every check:\n%s", out)
+	}
+	if got := listOrders(t, p.url, "c_check"); len(got) != 2 {
+		t.Fatalf("%d orders after the check's two keys, want 2", len(got))
+	}
+	p.stop()
+}
+
+// TestServePurgesInBackground: with --purge-interval, the janitor deletes
+// records once their retention has passed.
+func TestServePurgesInBackground(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	p := startServe(t, "idem serve", "--db", "sqlite:"+path, "--retention", "200ms", "--purge-interval", "50ms")
+	if a := do(t, req{method: "POST", url: p.url + "/orders", body: goodOrder, key: "short-lived"}); a.status != http.StatusCreated {
+		t.Fatalf("POST: %s", a)
+	}
+	db, err := idemsql.OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	store := idemsql.New(db, idemsql.SQLite)
+	if _, err := store.Get(context.Background(), DefaultTenant, "short-lived"); err != nil {
+		t.Fatalf("no record right after the POST: %v", err)
+	}
+	for i := 0; ; i++ {
+		_, err := store.Get(context.Background(), DefaultTenant, "short-lived")
+		if errors.Is(err, idem.ErrNotFound) {
+			break
+		}
+		if i == 1000 {
+			t.Fatalf("the record was never purged: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(p.log(), "purged expired records") {
+		t.Errorf("the janitor did not log its pass:\n%s", p.log())
+	}
+	p.stop()
+}

@@ -1,0 +1,107 @@
+package idemhttp_test
+
+import (
+	"bytes"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/idem-go/idem/idemhttp"
+)
+
+func fp(method, target, body string, header http.Header, names ...string) []byte {
+	r := httptest.NewRequest(method, target, nil)
+	for k, v := range header {
+		r.Header[k] = v
+	}
+	return idemhttp.Fingerprint(r, []byte(body), names)
+}
+
+func TestFingerprintSame(t *testing.T) {
+	base := fp("POST", "/orders?a=1&b=2", "body", nil)
+	if len(base) != 32 {
+		t.Fatalf("fingerprint is %d bytes, want 32 (SHA-256)", len(base))
+	}
+	for name, other := range map[string][]byte{
+		"again":                    fp("POST", "/orders?a=1&b=2", "body", nil),
+		"query order":              fp("POST", "/orders?b=2&a=1", "body", nil),
+		"query encoding":           fp("POST", "/orders?a=%31&b=2", "body", nil),
+		"empty query parts":        fp("POST", "/orders?a=1&&b=2&", "body", nil),
+		"unselected header":        fp("POST", "/orders?a=1&b=2", "body", http.Header{"X-Trace": {"1"}}),
+		"host and scheme agnostic": fp("POST", "https://other.example/orders?a=1&b=2", "body", nil),
+	} {
+		if !bytes.Equal(base, other) {
+			t.Errorf("%s: fingerprint differs", name)
+		}
+	}
+}
+
+func TestFingerprintDiffers(t *testing.T) {
+	seen := map[string]string{}
+	for name, f := range map[string][]byte{
+		"base":                   fp("POST", "/orders?a=1", "body", nil),
+		"method":                 fp("PATCH", "/orders?a=1", "body", nil),
+		"path":                   fp("POST", "/order?a=1", "body", nil),
+		"escaped slash":          fp("POST", "/a%2Fb", "", nil),
+		"slash":                  fp("POST", "/a/b", "", nil),
+		"query value":            fp("POST", "/orders?a=2", "body", nil),
+		"repeated order":         fp("POST", "/orders?a=1&a=2", "body", nil),
+		"repeated order swapped": fp("POST", "/orders?a=2&a=1", "body", nil),
+		"body":                   fp("POST", "/orders?a=1", "bodx", nil),
+		"body moved to query":    fp("POST", "/orders?a=1b", "ody", nil),
+		"name/value split":       fp("POST", "/orders?ab=", "", nil),
+		"name/value split 2":     fp("POST", "/orders?a=b", "", nil),
+		"header absent":          fp("POST", "/orders?a=1", "body", nil, "X-V"),
+		"header empty":           fp("POST", "/orders?a=1", "body", http.Header{"X-V": {""}}, "X-V"),
+		"header value":           fp("POST", "/orders?a=1", "body", http.Header{"X-V": {"1"}}, "x-v"),
+		"header two values":      fp("POST", "/orders?a=1", "body", http.Header{"X-V": {"1", "2"}}, "X-V"),
+		"header joined":          fp("POST", "/orders?a=1", "body", http.Header{"X-V": {"12"}}, "X-V"),
+	} {
+		if prev, ok := seen[string(f)]; ok {
+			t.Errorf("%s and %s share a fingerprint", name, prev)
+		}
+		seen[string(f)] = name
+	}
+}
+
+func FuzzFingerprint(f *testing.F) {
+	f.Add("POST", "/orders", "a=1&b=2", []byte(`{"qty":1}`), "v1")
+	f.Add("PATCH", "/a%2Fb", "", []byte{}, "")
+	f.Add("POST", "/", "a=1&a=2", []byte("x"), "a,b")
+	f.Fuzz(func(t *testing.T, method, path, query string, body []byte, hv string) {
+		r, err := http.NewRequest(method, "http://h", nil)
+		if err != nil {
+			t.Skip()
+		}
+		r.URL.Path = path
+		r.URL.RawQuery = query
+		r.Header.Set("X-V", hv)
+		names := []string{"X-V"}
+		a := idemhttp.Fingerprint(r, body, names)
+		if len(a) != 32 {
+			t.Fatalf("fingerprint is %d bytes", len(a))
+		}
+		// Deterministic.
+		if b := idemhttp.Fingerprint(r, body, names); !bytes.Equal(a, b) {
+			t.Fatal("two fingerprints of one request differ")
+		}
+		// One byte more in the body, or moved from the body into the
+		// header, changes it.
+		if b := idemhttp.Fingerprint(r, append(append([]byte(nil), body...), 'x'), names); bytes.Equal(a, b) {
+			t.Fatal("a longer body has the same fingerprint")
+		}
+		if len(body) > 0 {
+			r2 := r.Clone(r.Context())
+			r2.Header["X-V"] = []string{hv + string(body[:1])}
+			if b := idemhttp.Fingerprint(r2, body[1:], names); bytes.Equal(a, b) {
+				t.Fatal("moving a byte from the body to a header keeps the fingerprint")
+			}
+		}
+		// The method always counts.
+		r3 := r.Clone(r.Context())
+		r3.Method = method + "X"
+		if b := idemhttp.Fingerprint(r3, body, names); bytes.Equal(a, b) {
+			t.Fatal("another method has the same fingerprint")
+		}
+	})
+}

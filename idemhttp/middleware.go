@@ -1,0 +1,275 @@
+package idemhttp
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// Middleware protects handlers with idempotency keys. Build it with New;
+// it is safe for concurrent use.
+type Middleware struct {
+	config     Config
+	engine     *idem.Engine
+	methods    []string
+	replay     map[string]bool // canonical names of the headers stored
+	retryAfter []string        // the Retry-After value, in whole seconds
+}
+
+// New returns a middleware for config, or an error when config is
+// unusable: no Engine, a storage mode without its ReplayFunc, or a
+// ReplayHeaders entry that must never be replayed.
+func New(config Config) (*Middleware, error) {
+	if err := config.validate(); err != nil {
+		return nil, err
+	}
+	m := &Middleware{
+		config:  config,
+		engine:  config.Engine,
+		methods: config.Methods,
+		replay:  make(map[string]bool, len(DefaultReplayHeaders)+len(config.ReplayHeaders)),
+	}
+	for _, name := range DefaultReplayHeaders {
+		m.replay[http.CanonicalHeaderKey(name)] = true
+	}
+	for _, name := range config.ReplayHeaders {
+		m.replay[http.CanonicalHeaderKey(name)] = true
+	}
+	m.retryAfter = []string{strconv.Itoa(retryAfterSeconds(config.Engine.Config().RetryAfter))}
+	return m, nil
+}
+
+// retryAfterSeconds rounds d up to whole seconds, at least 1: Retry-After
+// has no finer unit, and 0 would invite an immediate retry storm.
+func retryAfterSeconds(d time.Duration) int {
+	s := int((d + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+// Handler wraps next. See the package documentation for what each
+// situation answers.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.serve(w, r, next)
+	})
+}
+
+func (m *Middleware) covers(method string) bool {
+	for _, c := range m.methods {
+		if c == method {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if !m.covers(r.Method) {
+		next.ServeHTTP(w, r)
+		return
+	}
+	key, err := ParseKey(r.Header)
+	if err != nil {
+		writeProblem(w, problemInvalidKey)
+		return
+	}
+	if key == "" {
+		if m.config.RequireKey {
+			writeProblem(w, problemKeyRequired)
+			return
+		}
+		next.ServeHTTP(w, r)
+		return
+	}
+	// From here on every answer echoes the key, as the client sent it.
+	w.Header()[HeaderKey] = r.Header[HeaderKey]
+
+	tenant := ""
+	if m.config.TenantFunc != nil {
+		if tenant, err = m.config.TenantFunc(r); err != nil {
+			writeProblem(w, problemUnauthenticated)
+			return
+		}
+	}
+	body, err := readBody(r, m.config.MaxRequestBody)
+	if err != nil {
+		if errors.Is(err, errRequestTooLarge) {
+			writeProblem(w, problemRequestTooLarge)
+		} else {
+			writeProblem(w, problemRequestUnreadable)
+		}
+		return
+	}
+	defer body.free()
+
+	op := idem.Operation{
+		Tenant:      tenant,
+		Key:         key,
+		Fingerprint: fingerprint(body.fingerprint[:0], r, body.bytes(), m.config.FingerprintHeaders),
+	}
+	run := execution{m: m, w: w, r: r, body: body, next: next}
+	out, err := m.engine.Do(r.Context(), op, run.do)
+	if run.rec != nil {
+		defer run.rec.free()
+	}
+	switch {
+	case err == nil && out.Replayed:
+		m.writeReplay(w, r, out.Result)
+	case err == nil:
+		run.rec.deliver(out.Result.Status, run.rec.body)
+	default:
+		m.writeError(w, r, run.rec, op, err)
+	}
+}
+
+// execution is one run of the handler under the engine.
+type execution struct {
+	m    *Middleware
+	w    http.ResponseWriter
+	r    *http.Request
+	body *requestBody
+	next http.Handler
+	rec  *recorder // set when the handler runs; replays need none
+}
+
+// errReleased5xx makes the engine release the key after a 5xx when
+// Config.ReleaseOn5xx is set; the recorded 5xx is then sent unstored.
+var errReleased5xx = errors.New("idemhttp: 5xx answer, key released")
+
+// do runs the handler on a request that carries ctx: the engine's context,
+// through which the handler reaches the store's transaction
+// (idemsql.Tx(ctx), idempg.Tx(ctx)) and sees a lost lease.
+func (e *execution) do(ctx context.Context) (idem.Result, error) {
+	rec := newRecorder(e.w, e.m.config.MaxResponseBody)
+	e.rec = rec
+	if e.m.config.Mode == idem.ModeReference {
+		ctx = context.WithValue(ctx, referenceKey{}, rec)
+	}
+	r := e.r.WithContext(ctx)
+	if r.Body != nil && r.Body != http.NoBody {
+		e.body.reset()
+		r.Body = e.body
+	}
+	e.next.ServeHTTP(rec, r)
+
+	if rec.over {
+		return idem.Result{}, ErrResponseTooLarge
+	}
+	status := rec.finalStatus()
+	if status >= 500 && e.m.config.ReleaseOn5xx {
+		return idem.Result{}, errReleased5xx
+	}
+	res := idem.Result{Mode: idem.ModeResponse, Status: status, RollbackWrites: status >= 500}
+	switch {
+	case status >= 400:
+		// Errors are stored whole in every mode: there is no resource to
+		// rebuild them from.
+	case e.m.config.Mode == idem.ModeReference && rec.refSet:
+		res.Mode = idem.ModeReference
+		res.Reference = rec.ref
+		return res, nil
+	case e.m.config.Mode == idem.ModeMarker:
+		res.Mode = idem.ModeMarker
+		return res, nil
+	}
+	res.Header = e.m.storedHeader(rec.stored, rec.header)
+	// The body is the recorder's buffer: the store copies it (or encodes
+	// it) in Complete, and the buffer lives until the response is sent.
+	res.Body = rec.body
+	return res, nil
+}
+
+// storedHeader fills out with the allowlisted part of h and returns it,
+// or nil when there is none. The value slices are shared with h: stores
+// copy or encode them.
+func (m *Middleware) storedHeader(out map[string][]string, h http.Header) map[string][]string {
+	for k, v := range h {
+		if m.replay[k] {
+			out[k] = v
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// writeReplay sends a stored result back.
+func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, res idem.Result) {
+	h := w.Header()
+	if res.Mode != idem.ModeResponse {
+		if m.config.ReplayFunc == nil {
+			m.config.Logger.ErrorContext(r.Context(), "idemhttp: stored result needs Config.ReplayFunc",
+				slog.String("mode", res.Mode.String()))
+			writeProblem(w, problemReplayFailed)
+			return
+		}
+		h[HeaderReplayed] = replayedTrue
+		m.config.ReplayFunc(w, r, res)
+		return
+	}
+	h[HeaderReplayed] = replayedTrue
+	for k, v := range res.Header {
+		// Checked again on the way out: the record may have been stored
+		// under another configuration, or by another program.
+		if !neverReplayed[k] {
+			h[k] = v
+		}
+	}
+	w.WriteHeader(res.Status)
+	if len(res.Body) > 0 {
+		w.Write(res.Body) //nolint:errcheck // the client is gone
+	}
+}
+
+// writeError answers a failed Engine.Do.
+func (m *Middleware) writeError(w http.ResponseWriter, r *http.Request, rec *recorder, op idem.Operation, err error) {
+	ctx := r.Context()
+	log := m.config.Logger
+	var panicErr *idem.PanicError
+	switch {
+	case errors.As(err, &panicErr):
+		if panicErr.Value == http.ErrAbortHandler {
+			// The engine has rolled back and released; let net/http abort
+			// the response as the handler meant.
+			panic(http.ErrAbortHandler)
+		}
+		log.ErrorContext(ctx, "idemhttp: handler panicked; rolled back and key released",
+			slog.String("key", op.Key), slog.Any("panic", panicErr.Value), slog.String("stack", string(panicErr.Stack)))
+		writeProblem(w, problemHandlerPanic)
+	case errors.Is(err, errReleased5xx):
+		rec.deliver(rec.finalStatus(), rec.body)
+	case errors.Is(err, idem.ErrFingerprintMismatch):
+		writeProblem(w, problemFingerprintMismatch)
+	case errors.Is(err, idem.ErrInFlight):
+		w.Header()["Retry-After"] = m.retryAfter
+		writeProblem(w, problemInFlight)
+	case errors.Is(err, idem.ErrLeaseLost):
+		log.WarnContext(ctx, "idemhttp: lease lost to a takeover; work rolled back",
+			slog.String("key", op.Key))
+		writeProblem(w, problemLeaseLost)
+	case errors.Is(err, ErrResponseTooLarge):
+		log.ErrorContext(ctx, "idemhttp: response larger than MaxResponseBody; rolled back and key released",
+			slog.String("key", op.Key), slog.Int64("limit", m.config.MaxResponseBody))
+		writeProblem(w, problemResponseTooLarge)
+	case ctx.Err() != nil:
+		// Checked before the store: a cancelled claim also fails as a
+		// store error, but the store is not to blame.
+		writeProblem(w, problemRequestCancelled)
+	case errors.Is(err, idem.ErrStore):
+		log.WarnContext(ctx, "idemhttp: store failed; request not completed",
+			slog.String("key", op.Key), slog.Any("error", err))
+		w.Header()["Retry-After"] = m.retryAfter
+		writeProblem(w, problemStoreUnavailable)
+	case errors.Is(err, idem.ErrInvalidKey):
+		writeProblem(w, problemInvalidKey)
+	default:
+		log.ErrorContext(ctx, "idemhttp: unexpected engine error", slog.String("key", op.Key), slog.Any("error", err))
+		writeProblem(w, problemInternal)
+	}
+}

@@ -1,0 +1,203 @@
+package idemamqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/ideminbox"
+)
+
+// ErrClosed is returned by Consume when the delivery channel closes: the
+// AMQP channel or connection is gone. Unacknowledged deliveries return to
+// the queue; reconnect and call Consume again.
+var ErrClosed = errors.New("idemamqp: delivery channel closed")
+
+// DeliveryCountHeader is the header in which quorum queues count the
+// earlier deliveries of a message.
+const DeliveryCountHeader = "x-delivery-count"
+
+// HandlerFunc processes one delivery. ctx carries the store's transaction
+// (see ideminbox.HandlerFunc); return an error to roll back and have the
+// message redelivered. It must not acknowledge the delivery itself.
+type HandlerFunc func(ctx context.Context, d amqp.Delivery) error
+
+// Config configures a Consumer. The zero value means every default.
+type Config struct {
+	// KeyFunc returns the id of a delivery. Defaults to DefaultKey.
+	KeyFunc func(d amqp.Delivery) (string, error)
+
+	// Logger receives a line for every delivery that was not simply acked
+	// (failures, poison, in flight, acknowledgement errors). Defaults to
+	// the inbox's logger.
+	Logger *slog.Logger
+}
+
+// Consumer runs a handler through an inbox for RabbitMQ deliveries. It is
+// safe for concurrent use; competing instances on one queue keep their
+// effects at one per message.
+type Consumer struct {
+	inbox   *ideminbox.Inbox
+	handler HandlerFunc
+	keyFunc func(amqp.Delivery) (string, error)
+	logger  *slog.Logger
+
+	// afterCommit, set by tests, runs after Process and before the
+	// acknowledgement: the window a crash must hit to leave a processed
+	// message unacknowledged.
+	afterCommit func(d amqp.Delivery, dec ideminbox.Decision)
+}
+
+// New returns a consumer running handler through inbox. A nil config means
+// the defaults.
+func New(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*Consumer, error) {
+	if inbox == nil || handler == nil {
+		return nil, errors.New("idemamqp: New needs an inbox and a handler")
+	}
+	c := &Consumer{inbox: inbox, handler: handler, keyFunc: DefaultKey, logger: inbox.Config().Logger}
+	if config != nil && config.KeyFunc != nil {
+		c.keyFunc = config.KeyFunc
+	}
+	if config != nil && config.Logger != nil {
+		c.logger = config.Logger
+	}
+	return c, nil
+}
+
+// DefaultKey returns the delivery's MessageId, or an error wrapping
+// ideminbox.ErrNoMessageID when the publisher set none.
+func DefaultKey(d amqp.Delivery) (string, error) {
+	if d.MessageId == "" {
+		return "", fmt.Errorf("%w: the delivery has no MessageId property (exchange %q, routing key %q); set it when publishing, or give idemamqp.Config.KeyFunc",
+			ideminbox.ErrNoMessageID, d.Exchange, d.RoutingKey)
+	}
+	return d.MessageId, nil
+}
+
+// Attempt returns the delivery number of d: x-delivery-count + 1 on quorum
+// queues, 0 (unknown: the inbox counts) where the header is absent. The
+// first delivery on a quorum queue carries no header either; the inbox's
+// own count then says 1, which is right.
+func Attempt(d amqp.Delivery) int {
+	v, ok := d.Headers[DeliveryCountHeader]
+	if !ok {
+		return 0
+	}
+	var n int64
+	switch x := v.(type) {
+	case int64:
+		n = x
+	case int32:
+		n = int64(x)
+	case int16:
+		n = int64(x)
+	case int8:
+		n = int64(x)
+	case int:
+		n = int64(x)
+	case uint8:
+		n = int64(x)
+	case uint16:
+		n = int64(x)
+	case uint32:
+		n = int64(x)
+	default:
+		return 0
+	}
+	if n < 0 || n >= 1<<31-1 {
+		return 0
+	}
+	return int(n) + 1
+}
+
+// Handle processes one delivery and acknowledges it according to the
+// inbox's decision, after the commit. For a Nack it holds the delivery for
+// the decision's delay (less if ctx ends) before requeueing it. It returns
+// the decision and the error that explains it (see
+// ideminbox.Inbox.Process), or the error of the acknowledgement.
+func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) (ideminbox.Decision, error) {
+	return c.handle(ctx, ctx, d)
+}
+
+// handle is Handle with the Nack delay bounded by waitCtx, so that a
+// shutting-down Consume requeues a held delivery at once while the work in
+// hand (under ctx) still runs to its end.
+func (c *Consumer) handle(ctx, waitCtx context.Context, d amqp.Delivery) (ideminbox.Decision, error) {
+	id, err := c.keyFunc(d)
+	if err != nil {
+		// Running it without a key would be the silent pass the inbox
+		// exists to prevent; requeueing it would loop forever.
+		return ideminbox.Decision{Action: ideminbox.Reject}, errors.Join(err, d.Reject(false))
+	}
+	msg := ideminbox.Message{ID: id, Attempt: Attempt(d), Subject: d.RoutingKey, Data: d.Body, Raw: d}
+	dec, err := c.inbox.Process(ctx, msg, func(ctx context.Context) error { return c.handler(ctx, d) })
+	if c.afterCommit != nil {
+		c.afterCommit(d, dec)
+	}
+	var ackErr error
+	switch dec.Action {
+	case ideminbox.Ack, ideminbox.AckDuplicate, ideminbox.AckPoison:
+		ackErr = d.Ack(false)
+	case ideminbox.Nack:
+		if dec.Delay > 0 {
+			t := time.NewTimer(dec.Delay)
+			select {
+			case <-t.C:
+			case <-waitCtx.Done():
+				t.Stop()
+			}
+		}
+		ackErr = d.Nack(false, true)
+	case ideminbox.Reject:
+		ackErr = d.Reject(false)
+	}
+	if ackErr != nil {
+		// Nothing is lost: an unacknowledged delivery returns to the queue
+		// when the channel closes, and the inbox recognises it if it was
+		// processed.
+		ackErr = fmt.Errorf("idemamqp: %s: %w", dec.Action, ackErr)
+	}
+	return dec, errors.Join(err, ackErr)
+}
+
+// Consume runs Handle for every delivery until ctx ends (then it returns
+// nil) or deliveries closes (then ErrClosed). Deliveries are handled one at
+// a time; the message in hand when ctx ends still runs to its commit and
+// ack. Open deliveries with autoAck false, and a prefetch (Channel.Qos)
+// small enough that messages do not wait long behind a held Nack.
+func (c *Consumer) Consume(ctx context.Context, deliveries <-chan amqp.Delivery) error {
+	work := context.WithoutCancel(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-deliveries:
+			if !ok {
+				return ErrClosed
+			}
+			dec, err := c.handle(work, ctx, d)
+			c.log(ctx, d, dec, err)
+		}
+	}
+}
+
+func (c *Consumer) log(ctx context.Context, d amqp.Delivery, dec ideminbox.Decision, err error) {
+	if err == nil {
+		return
+	}
+	level := slog.LevelWarn
+	switch {
+	case dec.Action == ideminbox.Reject || dec.Action == ideminbox.AckPoison:
+		level = slog.LevelError
+	case dec.Action == ideminbox.Nack && errors.Is(err, idem.ErrInFlight):
+		level = slog.LevelInfo
+	}
+	c.logger.Log(ctx, level, "idemamqp: message not processed",
+		slog.String("routing_key", d.RoutingKey), slog.String("message_id", d.MessageId),
+		slog.String("decision", dec.Action.String()), slog.Duration("delay", dec.Delay), slog.Any("error", err))
+}

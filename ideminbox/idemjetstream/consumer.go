@@ -1,0 +1,160 @@
+package idemjetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/ideminbox"
+)
+
+// HandlerFunc processes one message. ctx carries the store's transaction
+// (see ideminbox.HandlerFunc); return an error to roll back and have the
+// message redelivered.
+type HandlerFunc func(ctx context.Context, msg jetstream.Msg) error
+
+// Config configures a Consumer. The zero value means every default.
+type Config struct {
+	// KeyFunc returns the id of a message. Defaults to DefaultKey.
+	KeyFunc func(msg jetstream.Msg) (string, error)
+
+	// Logger receives a line for every delivery that was not simply acked
+	// (failures, poison, in flight, acknowledgement errors). Defaults to
+	// the inbox's logger.
+	Logger *slog.Logger
+}
+
+// Consumer runs a handler through an inbox for JetStream messages. It is
+// safe for concurrent use; run one per process and consumer, or several
+// competing ones: the inbox keeps their effects at one per message.
+type Consumer struct {
+	inbox   *ideminbox.Inbox
+	handler HandlerFunc
+	keyFunc func(jetstream.Msg) (string, error)
+	logger  *slog.Logger
+
+	// afterCommit, set by tests, runs after Process and before the
+	// acknowledgement: the window a crash must hit to leave a processed
+	// message unacknowledged.
+	afterCommit func(msg jetstream.Msg, d ideminbox.Decision)
+}
+
+// New returns a consumer running handler through inbox. A nil config means
+// the defaults.
+func New(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*Consumer, error) {
+	if inbox == nil || handler == nil {
+		return nil, errors.New("idemjetstream: New needs an inbox and a handler")
+	}
+	c := &Consumer{inbox: inbox, handler: handler, keyFunc: DefaultKey, logger: inbox.Config().Logger}
+	if config != nil && config.KeyFunc != nil {
+		c.keyFunc = config.KeyFunc
+	}
+	if config != nil && config.Logger != nil {
+		c.logger = config.Logger
+	}
+	return c, nil
+}
+
+// DefaultKey returns the message's Nats-Msg-Id header or, when it has
+// none, "<stream>:<stream sequence>".
+func DefaultKey(msg jetstream.Msg) (string, error) {
+	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
+		return id, nil
+	}
+	md, err := msg.Metadata()
+	if err != nil {
+		return "", fmt.Errorf("idemjetstream: no %s header and no metadata: %w", jetstream.MsgIDHeader, err)
+	}
+	return md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10), nil
+}
+
+// Handle processes one message and acknowledges it according to the
+// inbox's decision, after the commit. It returns the decision and the
+// error that explains it (see ideminbox.Inbox.Process), or the error of
+// the acknowledgement.
+func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (ideminbox.Decision, error) {
+	id, err := c.keyFunc(msg)
+	if err != nil {
+		// Without a key the message cannot be processed safely; Term hands
+		// it to the server's advisories instead of running it unprotected
+		// or redelivering it forever.
+		return ideminbox.Decision{Action: ideminbox.Reject}, errors.Join(err, msg.Term())
+	}
+	m := ideminbox.Message{ID: id, Subject: msg.Subject(), Data: msg.Data(), Raw: msg}
+	if md, err := msg.Metadata(); err == nil {
+		m.Attempt = int(min(md.NumDelivered, 1<<31-1))
+	}
+	d, err := c.inbox.Process(ctx, m, func(ctx context.Context) error { return c.handler(ctx, msg) })
+	if c.afterCommit != nil {
+		c.afterCommit(msg, d)
+	}
+	var ackErr error
+	switch d.Action {
+	case ideminbox.Ack, ideminbox.AckDuplicate, ideminbox.AckPoison:
+		ackErr = msg.Ack()
+	case ideminbox.Nack:
+		if d.Delay > 0 {
+			ackErr = msg.NakWithDelay(d.Delay)
+		} else {
+			ackErr = msg.Nak()
+		}
+	case ideminbox.Reject:
+		ackErr = msg.Term()
+	}
+	if ackErr != nil {
+		// Nothing is lost: the server redelivers after AckWait, and the
+		// inbox recognises the message if it was processed.
+		ackErr = fmt.Errorf("idemjetstream: %s: %w", d.Action, ackErr)
+	}
+	return d, errors.Join(err, ackErr)
+}
+
+// Consume runs Handle for every message of cons until ctx ends, then stops
+// fetching, lets the message in hand finish, and returns nil. Handlers run
+// one at a time per Consume call; run several Consume calls (or processes)
+// for parallelism. It refuses a consumer whose MaxDeliver would make the
+// server drop a message before the inbox could treat it as poison.
+func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer, opts ...jetstream.PullConsumeOpt) error {
+	if info := cons.CachedInfo(); info != nil {
+		if md := info.Config.MaxDeliver; md > 0 && md <= c.inbox.Config().MaxAttempts {
+			return fmt.Errorf("idemjetstream: consumer %q has MaxDeliver %d, not above the inbox's MaxAttempts %d: the server would drop failing messages before they are recorded as poison",
+				info.Name, md, c.inbox.Config().MaxAttempts)
+		}
+	}
+	// A message in hand when ctx ends still runs to its commit and its
+	// ack: cancelling it would only waste the work and cause a redelivery.
+	work := context.WithoutCancel(ctx)
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		d, err := c.Handle(work, msg)
+		c.log(ctx, msg, d, err)
+	}, opts...)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	cc.Stop()
+	<-cc.Closed()
+	return nil
+}
+
+func (c *Consumer) log(ctx context.Context, msg jetstream.Msg, d ideminbox.Decision, err error) {
+	if err == nil {
+		return
+	}
+	level := slog.LevelWarn
+	switch {
+	case d.Action == ideminbox.Reject || d.Action == ideminbox.AckPoison:
+		level = slog.LevelError
+	case d.Action == ideminbox.Nack && errors.Is(err, idem.ErrInFlight):
+		level = slog.LevelInfo
+	}
+	c.logger.Log(ctx, level, "idemjetstream: message not processed",
+		slog.String("subject", msg.Subject()), slog.String("id", msg.Headers().Get(nats.MsgIdHdr)),
+		slog.String("decision", d.Action.String()), slog.Duration("delay", d.Delay), slog.Any("error", err))
+}

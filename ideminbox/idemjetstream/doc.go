@@ -1,0 +1,22 @@
+// Package idemjetstream connects ideminbox to NATS JetStream consumers
+// (github.com/nats-io/nats.go/jetstream).
+//
+// The key of a message is its Nats-Msg-Id header, the id publishers set
+// for JetStream's own publish deduplication, so a message published twice
+// (after the stream's duplicate window, or to two streams) and a message
+// redelivered to the consumer are both recognised. A message without the
+// header is keyed by its stream and stream sequence, which protects it
+// against redelivery only. Config.KeyFunc replaces both.
+//
+// The delivery number comes from the message metadata (NumDelivered). The
+// acknowledgement follows the inbox's decision, sent after the commit:
+// Ack for processed, duplicate and poison messages, NakWithDelay for a
+// failed or in-flight one, Term for one that cannot be keyed.
+//
+// Give the JetStream consumer a MaxDeliver of -1 (unlimited) or above the
+// inbox's MaxAttempts, so that the inbox, not the server, decides when a
+// message is poison; Consume refuses a consumer that would drop messages
+// first. Its AckWait bounds how long a delivery may stay unacknowledged
+// before the server sends it again, to this or another instance; the inbox
+// answers such a copy "in flight" while the first one runs.
+package idemjetstream

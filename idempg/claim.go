@@ -1,0 +1,111 @@
+package idempg
+
+import (
+	"context"
+	"errors"
+
+	"github.com/idem-go/idem"
+)
+
+// claimSQL claims (tenant, key) in one statement, and when the claim is
+// lost returns the record that holds the key in the same round trip.
+//
+//   - cur reads the current row, and flags whether a claim may take it:
+//     past retention, or in flight with an expired lease and the same
+//     fingerprint.
+//   - ins writes only when cur found no row or a claimable one. A key that
+//     is held (the replay of a completed request, or a duplicate of one in
+//     flight) is therefore answered by a plain read: no row lock, no
+//     transaction id, no WAL. When ins does write, ON CONFLICT decides
+//     against the latest committed version of the row, not cur's
+//     snapshot, so two claims can never both win.
+//   - the async subquery turns synchronous_commit off for this statement's
+//     own implicit transaction only (is_local = true): see "Asynchronous
+//     claims" in the package documentation for why that is safe.
+//
+// The final SELECT always yields one row: won, and the held record's
+// columns or NULLs. When won is false and the columns are NULL, the row
+// that beat this claim was committed after the statement's snapshot was
+// taken; Claim then runs the statement again, with a fresh snapshot.
+const claimSQL = `WITH cur AS (
+	SELECT ` + recordColumns + `,
+		(expires_at <= now()
+		 OR (state = 'in_flight' AND locked_until <= now() AND fingerprint IS NOT DISTINCT FROM $3::bytea)) AS claimable
+	FROM idem_keys
+	WHERE tenant_id = $1 AND idem_key = $2
+), ins AS (
+	INSERT INTO idem_keys AS k (tenant_id, idem_key, fingerprint, state, lease_token,
+		locked_until, created_at, expires_at)
+	SELECT $1, $2, $3::bytea, 'in_flight', $4::bigint,
+		now() + $5::bigint * interval '1 microsecond', now(), now() + $6::bigint * interval '1 microsecond'
+	FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async
+	WHERE NOT EXISTS (SELECT FROM cur WHERE NOT cur.claimable)
+	ON CONFLICT (tenant_id, idem_key) DO UPDATE SET
+		fingerprint = excluded.fingerprint,
+		state = 'in_flight',
+		lease_token = excluded.lease_token,
+		locked_until = excluded.locked_until,
+		storage_mode = 0,
+		status_code = NULL,
+		response_headers = NULL,
+		response_body = NULL,
+		resource_ref = NULL,
+		created_at = excluded.created_at,
+		completed_at = NULL,
+		expires_at = excluded.expires_at
+	WHERE k.expires_at <= now()
+		OR (k.state = 'in_flight' AND k.locked_until <= now() AND k.fingerprint IS NOT DISTINCT FROM excluded.fingerprint)
+	RETURNING 1
+)
+SELECT EXISTS (SELECT FROM ins), ` + curColumns + `
+FROM (VALUES (1)) AS one LEFT JOIN cur c ON NOT c.claimable`
+
+// curColumns are recordColumns read from the cur CTE.
+const curColumns = `c.fingerprint, c.state, c.lease_token, c.locked_until, c.storage_mode, c.status_code,
+	c.response_headers, c.response_body, c.resource_ref, c.created_at, c.completed_at, c.expires_at`
+
+// claimAttempts bounds how many times Claim runs its statement. A second
+// run is needed only when the row that beat the claim was committed after
+// the first run's snapshot; each further run needs yet another concurrent
+// commit (a release, a takeover) to land in that same instant, so
+// exhausting the attempts means something is badly wrong.
+const claimAttempts = 5
+
+// errClaimRace is returned when every attempt of Claim met a concurrent
+// change it could not see.
+var errClaimRace = errors.New("idempg: claim kept losing to concurrent changes it could not read")
+
+// Claim implements idem.Store in one round trip in the common cases: a
+// fresh key, a replay, a duplicate in flight, a takeover. A claim that
+// loses a race to a concurrent claim of the same key needs a second round
+// trip to read the winner's record.
+func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	fingerprint := p.Fingerprint
+	if len(fingerprint) == 0 {
+		// NULL, so that "no fingerprint" compares equal whether the
+		// caller passed nil or an empty slice, as idem.Record's
+		// SameFingerprint does.
+		fingerprint = nil
+	}
+	for range claimAttempts {
+		var won bool
+		var r scannedRecord
+		dest := append([]any{&won}, r.dest()...)
+		err := s.pool.QueryRow(ctx, s.claimQuery, p.Tenant, p.Key, fingerprint, p.Token,
+			micros(p.Lease), micros(p.Retention)).Scan(dest...)
+		if err != nil {
+			return idem.ClaimResult{}, interpretError(err)
+		}
+		if won {
+			return idem.ClaimResult{Won: true}, nil
+		}
+		if r.present() {
+			rec, err := r.record(p.Tenant, p.Key)
+			if err != nil {
+				return idem.ClaimResult{}, err
+			}
+			return idem.ClaimResult{Record: rec}, nil
+		}
+	}
+	return idem.ClaimResult{}, errClaimRace
+}

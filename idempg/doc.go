@@ -1,0 +1,148 @@
+// Package idempg is the PostgreSQL store of idem, on pgx v5 and its
+// connection pool. It is built for speed against the physical limit: one
+// statement per request more than a handler that does BEGIN; INSERT;
+// COMMIT without idem (the claim), and no more round trips than that
+// handler makes through pgx's Begin, Exec and Commit, because the BEGIN
+// rides with the handler's first query and the completion with the
+// COMMIT. A replay is answered by the claim alone, in one round trip.
+//
+//	pool, _ := pgxpool.New(ctx, url)
+//	_ = idempg.Migrate(ctx, pool)
+//	engine, _ := idem.NewEngine(idempg.New(pool), nil)
+//	out, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
+//		_, err := idempg.Tx(ctx).Exec(ctx, `INSERT INTO orders …`)
+//		return idem.Result{Status: 201}, err
+//	})
+//
+// # Schema
+//
+// Migrate applies idemmigrate's PostgreSQL files to the schema the pool's
+// connections use (their search_path): the idem_keys table (0001) and the
+// idem_complete function (0002). Teams with their own migration tool apply
+// idemmigrate.Files(idemmigrate.Postgres) instead.
+//
+// # The claim: one statement
+//
+// Claim is a single statement, so a single round trip and its own implicit
+// transaction: a CTE reads the current row, an INSERT … ON CONFLICT
+// (tenant_id, idem_key) DO UPDATE … WHERE writes the claim, and the final
+// SELECT returns either "won" or the record that holds the key. The update
+// happens only when the row is past retention, or in flight with an
+// expired lease and the same fingerprint (a takeover); lease and retention
+// travel as microsecond integers added to the server's now(), never as
+// timestamps from an application server's clock.
+//
+// Why it is safe: the write is decided by ON CONFLICT against the latest
+// committed version of the row, under the unique index, so two claims can
+// never both win, whatever their snapshots saw. The statement writes only
+// when its read found no row or a claimable one; a key that is held (a
+// replay, a duplicate in flight) is answered from the read, with no row
+// lock, no transaction id and no WAL. Skipping the write can only make a
+// claim lose, never win, and losing is always safe (nothing runs). When
+// the write was attempted but refused because a concurrent claim committed
+// the row after the statement's snapshot was taken, the statement cannot
+// see that row; Claim then runs it once more, with a fresh snapshot, which
+// reads the winner's record (or claims, if the winner released it in the
+// meantime). A record read from a snapshot may be a moment old ("in
+// flight" when it just completed); the caller then answers 409 and the
+// client's retry gets the replay.
+//
+// # Asynchronous claims
+//
+// The claim statement calls set_config('synchronous_commit', 'off', true)
+// in a subquery of its INSERT: the setting holds for the claim's own
+// implicit transaction only, whose commit then returns without waiting for
+// its WAL to reach the disk. The business transaction that follows, on
+// whatever connection, commits with the server's setting (on by default).
+// It is safe because:
+//
+//   - WAL is written and flushed in order. The business transaction commits
+//     after the claim did, so its synchronous commit flushes the WAL up to
+//     its own commit record, past the claim's. A completed record, and the
+//     business write beside it, are therefore always durable together.
+//   - If the server crashes before that flush, the claim is lost, and so is
+//     everything that came after it: no business write of that execution
+//     was committed (its commit would have flushed the claim). The key is
+//     simply absent again and the client's retry runs the operation, once.
+//   - Another client may have seen the lost claim and been told 409; it
+//     retries, and the retry runs. Nothing was answered as done that is
+//     not durable.
+//
+// The same reasoning holds for streaming replicas, which receive the WAL in
+// order. The saving is one WAL flush per request: without it the claim
+// waits for the disk as long as the business commit does.
+//
+// # The completion rides with the COMMIT
+//
+// The handler's transaction (Tx(ctx)) is a pgx.Tx that delegates every
+// query to the real transaction (begun on its first query, see below), but whose Commit and Rollback refuse with
+// ErrTxOwned: the end of the transaction belongs to idem. Tx.Complete then
+// sends, in one write and one round trip, a pipeline of two segments:
+// SELECT idem_complete(…), Sync, COMMIT, Sync. idem_complete (a plpgsql
+// function, migration 0002) updates the record WHERE tenant, key,
+// lease_token and state = 'in_flight', and raises SQLSTATE IDL01
+// (SQLStateLeaseLost) when no row matched: the lease was taken over or
+// released. The error aborts the transaction, so the COMMIT that follows in
+// its own segment becomes a ROLLBACK, business writes included, without a
+// further round trip; idempg answers idem.ErrLeaseLost. The Sync between
+// the two is what makes this work: a pgx.Batch ends with a single Sync, and
+// after an error the server would skip the COMMIT and leave the
+// transaction open and aborted.
+//
+// The connection goes back to the pool only when it is idle (outside any
+// transaction); pgxpool destroys one that a failure left in a transaction,
+// busy or closed. After Complete or Rollback the handler's Tx refuses work
+// with pgx.ErrTxClosed, since its connection may already serve another
+// request.
+//
+// # BEGIN rides with the first query
+//
+// Store.Begin only takes a connection from the pool. The BEGIN is sent in
+// front of the handler's first query, in the same round trip (a pgx.Batch
+// begun with BeginTx, whose single Sync is right here: if the query fails,
+// the transaction is begun and aborted, as it would be after a BEGIN of
+// its own). A request through idem therefore costs three round trips:
+// the claim, BEGIN with the first write, and the completion with the
+// COMMIT; the same write through pgx's Begin, Exec and Commit costs three
+// too. Measured against a handler that pipelines its own BEGIN (two round
+// trips), the claim is the one extra.
+//
+// Statements that cannot carry it (CopyFrom, a savepoint, Exec without
+// arguments, which pgx sends through the simple protocol, LargeObjects,
+// Conn) send the BEGIN by itself first. Prepare needs no transaction. A
+// handler that sends nothing never begins one: its completion commits
+// alone. Beginning late changes nothing the handler can see: PostgreSQL
+// takes a transaction's snapshot at its first statement, not at BEGIN.
+//
+// # Your own transaction
+//
+// Callers that run their own transaction (a job queue's, a message
+// consumer's) claim with Store.Claim, write, then call Store.CompleteTx
+// with their transaction before committing it, as River's JobCompleteTx
+// does. On a lost lease it returns idem.ErrLeaseLost and the transaction is
+// aborted: roll it back.
+//
+// # Purge
+//
+// Purge deletes one bounded batch: the ctids of at most Limit rows past
+// retention and holding no live lease, found through the expires_at index
+// in order and locked FOR UPDATE SKIP LOCKED, then deleted by ctid in the
+// same statement. A row that a claim holds at that instant is skipped, not
+// waited for; a claim that meets a row the purge holds waits for one short
+// statement, then inserts afresh.
+//
+// # Errors
+//
+// Driver errors are translated where they leave the package:
+// pgx.ErrNoRows becomes idem.ErrNotFound, SQLSTATE IDL01 becomes
+// idem.ErrLeaseLost; other errors pass through with their pgx type, for
+// errors.As.
+//
+// # Isolation
+//
+// The claim, Extend, Release and Purge run as single statements in the
+// connection's default isolation, which must be READ COMMITTED (the
+// PostgreSQL default): ON CONFLICT under REPEATABLE READ or SERIALIZABLE
+// fails with a serialization error when it meets a row its snapshot cannot
+// see. The handler's transaction is begun in the default isolation too.
+package idempg

@@ -1,0 +1,38 @@
+package idempg
+
+import (
+	"context"
+
+	"github.com/idem-go/idem"
+)
+
+// Extend implements idem.Store: the heartbeat. It moves the lease end to
+// now+Lease and never lets the retention end before it, so a record whose
+// handler outlives its retention is not treated as absent while it runs.
+// The retention is only written when it must grow, which keeps most
+// heartbeats HOT updates (expires_at is indexed).
+func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE idem_keys
+		SET locked_until = now() + $4::bigint * interval '1 microsecond',
+		    expires_at = greatest(expires_at, now() + $4::bigint * interval '1 microsecond')
+		WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'in_flight'`,
+		p.Tenant, p.Key, p.Token, micros(p.Lease))
+	if err != nil {
+		return interpretError(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// Release implements idem.Store. The delete is fenced on the token and the
+// in-flight state, so a release that comes late (after a takeover, or
+// after a completion whose commit the caller could not confirm) deletes
+// nothing.
+func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
+	_, err := s.pool.Exec(ctx, `DELETE FROM idem_keys
+		WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'in_flight'`,
+		p.Tenant, p.Key, p.Token)
+	return interpretError(err)
+}

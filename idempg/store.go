@@ -1,0 +1,49 @@
+package idempg
+
+import (
+	"context"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Store is an idem.Store on PostgreSQL through a pgx connection pool. It
+// holds no state of its own besides the pool, so any number of Stores, in
+// any number of processes, may share one database. The zero value is not
+// usable; call New.
+type Store struct {
+	pool *pgxpool.Pool
+	// claimQuery is claimSQL; the benchmarks swap in variants of it to
+	// measure what each part of the statement buys.
+	claimQuery string
+}
+
+var _ idem.Store = (*Store)(nil)
+
+// New returns a store over pool. The tables and the idem_complete function
+// must exist: run Migrate (or the files of idemmigrate) first. The store
+// finds them through the connections' search_path, so one database may
+// hold several idem schemas.
+func New(pool *pgxpool.Pool) *Store {
+	return &Store{pool: pool, claimQuery: claimSQL}
+}
+
+// Pool returns the pool the store runs on.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// micros passes a duration to SQL as whole microseconds, PostgreSQL's
+// timestamp resolution, so the server adds it to its own now(): the store
+// never sends a timestamp read from an application server's clock.
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// Get implements idem.Store. It reads the record whatever its state or
+// retention, and returns idem.ErrNotFound when there is none.
+func (s *Store) Get(ctx context.Context, tenant, key string) (*idem.Record, error) {
+	row := s.pool.QueryRow(ctx, `SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = $1 AND idem_key = $2`, tenant, key)
+	var r scannedRecord
+	if err := row.Scan(r.dest()...); err != nil {
+		return nil, interpretError(err)
+	}
+	return r.record(tenant, key)
+}

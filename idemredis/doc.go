@@ -1,0 +1,93 @@
+// Package idemredis is an idem.Store on Redis, through go-redis
+// (github.com/redis/go-redis/v9): a single server, Sentinel or Cluster.
+//
+//	store, err := idemredis.New(ctx, redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"}), nil)
+//	engine, err := idem.NewEngine(store, nil)
+//
+// # What it guarantees
+//
+// Claim, takeover of an expired lease, the fingerprint check, Extend,
+// Release and completion are each one Lua script, so each is one atomic
+// step on the server: two processes claiming one key at the same instant
+// get one winner, and an execution whose lease was taken over cannot
+// complete, because every write is fenced by its lease token. Nothing is
+// ever read in Go and then written back.
+//
+// Lease deadlines and retention are decided by the server's clock (TIME,
+// inside the scripts), never by the application servers' clocks.
+//
+// # What it cannot guarantee
+//
+// Redis cannot commit the stored result in the same transaction as a
+// business row kept in another database. The engine completes the record
+// after the handler returns, so the handler's own commit comes first. A
+// crash (of the process, or of the network to Redis) between the business
+// commit and the completion leaves the key in flight: retries get 409
+// until the lease expires, then a retry takes the key over and runs the
+// operation again. That is a duplicate, the very thing the key was meant
+// to prevent. The window is short, but it is there, and Tx.Context gives
+// the handler no transaction to close it.
+//
+// The safer alternative is to keep the keys in the business database and
+// complete the record in the business transaction: idemsql (PostgreSQL,
+// MySQL/MariaDB, SQLite) or idempg. Either the business write and the
+// stored result both commit, or neither does. Redis fits where the
+// operation has no database write of its own to protect (a call to an
+// idempotent downstream API, a cache fill), or where that window is
+// accepted.
+//
+//	                                 idemredis                  idemsql / idempg
+//	atomic claim                     yes (Lua script)           yes (INSERT … ON CONFLICT)
+//	completion in the business tx    no                         yes
+//	clock                            Redis TIME                 database now()
+//	survives a restart               only with AOF/replication  yes
+//	eviction risk                    unless noeviction          none
+//	expired records                  TTL deletes them           Janitor purges them
+//
+// docs/STORES.md compares every store.
+//
+// # Flushes, restarts and eviction
+//
+// A record that Redis loses is forgotten: a FLUSHDB, a restart without
+// persistence, a failover to a replica that had not received it, or an
+// eviction. Requests after it run again. Executions in flight at that
+// moment cannot complete (their record is gone, so the fenced completion
+// finds no token and returns idem.ErrLeaseLost, HTTP 409), never a
+// silent success; their retries run afresh. To keep records, run Redis
+// with appendonly yes (appendfsync always loses nothing, everysec up to a
+// second) and maxmemory-policy noeviction; replication helps, but it is
+// asynchronous, so a failover can lose the last writes. New logs a
+// warning when the policy can evict records: every record has a TTL, so
+// volatile-* policies can evict them as well as allkeys-* ones.
+//
+// # Key layout
+//
+// A record is one hash at
+//
+//	<prefix>:{<length of tenant>:<tenant>:<key>}
+//
+// with '%', '{' and '}' percent-encoded in tenant and key. The braces are a
+// Cluster hash tag, so everything for one (tenant, key) is in one slot; the
+// length prefix keeps a tenant holding ':' from colliding with another.
+// Its fields (state, token, fingerprint, locked_until, created_at,
+// expires_at, and once complete: completed_at, mode, status, header, body,
+// reference, completion_id) read plainly with HGETALL; times are
+// microseconds since the Unix epoch on the server's clock.
+//
+// # Retention and purge
+//
+// Each record's TTL (PEXPIRE) ends with its retention, or with its lease
+// when that ends later (a heartbeat moves both), so Redis deletes expired
+// records by itself and Purge always returns 0. The scripts also compare the stored
+// expires_at with TIME, so a record past its retention counts as absent
+// to the microsecond even before its TTL fires. Get returns
+// idem.ErrNotFound for a record that is not there.
+//
+// # Failures
+//
+// When Redis cannot be reached, Claim returns the error and the engine
+// fails closed: the handler does not run (HTTP 503). go-redis may resend a
+// command whose reply was lost; every script is written so that a resent
+// command has the effect of the first one (a resent claim is still won, a
+// resent completion still succeeds), while a second call is refused.
+package idemredis

@@ -1,0 +1,167 @@
+package idemredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+
+	"github.com/idem-go/idem"
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultPrefix is the key prefix used when Config.Prefix is empty.
+const DefaultPrefix = "idem"
+
+// Config configures a Store. The zero value of every field means its
+// documented default.
+type Config struct {
+	// Prefix starts every key the store writes: records live at
+	// "<Prefix>:{<tenant and key>}". Processes that share records must use
+	// the same prefix; distinct applications on one server use distinct
+	// ones. It may not contain '{' or '}', which would move the Cluster
+	// hash tag. Defaults to "idem".
+	Prefix string
+
+	// Logger receives the warning about an eviction policy that can drop
+	// records, or about a policy New could not read. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+
+	// RequireNoEviction makes New fail, instead of logging a warning, when
+	// a server may evict records (see New) or when its policy cannot be
+	// read. Defaults to false.
+	RequireNoEviction bool
+}
+
+// Store is an idem.Store on Redis. It is safe for concurrent use; create it
+// with New.
+type Store struct {
+	client redis.UniversalClient
+	prefix string
+}
+
+var _ idem.Store = (*Store)(nil)
+
+// New returns a store over client: a single server, a Sentinel failover
+// client or a Cluster client. A nil config means every default.
+//
+// New checks the servers' memory policy with CONFIG GET. A record that
+// Redis evicts before its retention ends is forgotten, and its next retry
+// runs the operation again, so only maxmemory-policy noeviction (or no
+// maxmemory limit at all) is safe: every record has a TTL, so the
+// volatile-* policies can evict them just as the allkeys-* ones can. An
+// unsafe policy is logged as a warning. Where CONFIG is refused or
+// renamed (managed services) or the server cannot be reached, New logs
+// that it could not check and still returns the store: the first claim
+// will tell whether the server is there, and fail closed if it is not.
+// The check gives up after 5s. Config.RequireNoEviction turns both
+// warnings into errors.
+func New(ctx context.Context, client redis.UniversalClient, config *Config) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("idemredis: New needs a client")
+	}
+	cfg := Config{}
+	if config != nil {
+		cfg = *config
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(cfg.Prefix, "{}") {
+		return nil, fmt.Errorf("idemredis: prefix %q contains a brace, which would break the Cluster hash tag", cfg.Prefix)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := reportEviction(ctx, client, &cfg, cfg.Logger); err != nil {
+		return nil, err
+	}
+	return &Store{client: client, prefix: cfg.Prefix}, nil
+}
+
+func (s *Store) key(tenant, key string) string { return recordKey(s.prefix, tenant, key) }
+
+// Claim implements idem.Store in one Lua script: it reads the record and,
+// when there is none, it is past retention, or it is in flight with an
+// expired lease and the same fingerprint, writes a fresh in-flight record
+// with the lease deadline taken from the server's clock and a TTL that
+// ends with the retention (or the lease, if that ends later).
+func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	reply, err := claimScript.Run(ctx, s.client, []string{s.key(p.Tenant, p.Key)},
+		p.Tenant, p.Key, p.Fingerprint, strconv.FormatInt(p.Token, 10),
+		p.Lease.Microseconds(), p.Retention.Microseconds()).Slice()
+	if err != nil {
+		return idem.ClaimResult{}, fmt.Errorf("idemredis: claim: %w", err)
+	}
+	if len(reply) == 0 {
+		return idem.ClaimResult{}, errors.New("idemredis: claim: empty reply")
+	}
+	if won, _ := reply[0].(int64); won == 1 {
+		return idem.ClaimResult{Won: true}, nil
+	}
+	if len(reply) != 2 {
+		return idem.ClaimResult{}, fmt.Errorf("idemredis: claim: unexpected reply %v", reply)
+	}
+	fields, err := decodePairs(reply[1])
+	if err != nil {
+		return idem.ClaimResult{}, err
+	}
+	rec, err := decodeRecord(fields)
+	if err != nil {
+		return idem.ClaimResult{}, err
+	}
+	return idem.ClaimResult{Record: rec}, nil
+}
+
+// Extend implements idem.Store in one Lua script fenced by the token.
+func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
+	ok, err := extendScript.Run(ctx, s.client, []string{s.key(p.Tenant, p.Key)},
+		strconv.FormatInt(p.Token, 10), p.Lease.Microseconds()).Int()
+	if err != nil {
+		return fmt.Errorf("idemredis: extend: %w", err)
+	}
+	if ok != 1 {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// Release implements idem.Store in one Lua script fenced by the token.
+func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
+	if err := releaseScript.Run(ctx, s.client, []string{s.key(p.Tenant, p.Key)},
+		strconv.FormatInt(p.Token, 10)).Err(); err != nil {
+		return fmt.Errorf("idemredis: release: %w", err)
+	}
+	return nil
+}
+
+// Get implements idem.Store. Records past their retention have been
+// deleted by their TTL, so Get returns idem.ErrNotFound for them.
+func (s *Store) Get(ctx context.Context, tenant, key string) (*idem.Record, error) {
+	fields, err := s.client.HGetAll(ctx, s.key(tenant, key)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("idemredis: get: %w", err)
+	}
+	if len(fields) == 0 {
+		return nil, idem.ErrNotFound
+	}
+	return decodeRecord(fields)
+}
+
+// Purge implements idem.Store and deletes nothing: every record carries a
+// TTL that ends with its retention (or its lease, if that ends later), so
+// Redis deletes expired records itself, and a scan of the keyspace for
+// them would only load the server. It returns 0, so an idem.Janitor
+// pointed at this store is harmless but useless.
+func (s *Store) Purge(ctx context.Context, p idem.PurgeParams) (int, error) {
+	return 0, ctx.Err()
+}
+
+// Begin implements idem.Store. Redis cannot join the handler's business
+// transaction: the Tx only completes (see the package documentation).
+func (s *Store) Begin(ctx context.Context) (idem.Tx, error) {
+	return tx{s}, ctx.Err()
+}

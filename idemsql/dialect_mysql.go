@@ -1,0 +1,88 @@
+package idemsql
+
+import (
+	"database/sql"
+
+	"github.com/idem-go/idem/idemmigrate"
+)
+
+// mysqlTakeover is true when the existing row may be taken over: past
+// retention, or in flight with an ended lease and the same fingerprint
+// (<=>: NULL-safe equality). UTC_TIMESTAMP(6) is evaluated once per
+// statement, whatever the session time zone.
+const mysqlTakeover = `(expires_at <= UTC_TIMESTAMP(6)
+        OR (state = 'in_flight' AND locked_until <= UTC_TIMESTAMP(6) AND fingerprint <=> @fingerprint))`
+
+// mysqlWon is the takeover decision as seen by the assignments after the
+// first. MySQL runs the assignments of an UPDATE left to right, each
+// seeing the values already assigned, while MariaDB's
+// SIMULTANEOUS_ASSIGNMENT mode lets each see the old row. lease_token is
+// assigned first from mysqlTakeover on the untouched row; afterwards it
+// holds our token exactly when the claim won, and when it does not,
+// nothing has changed, so mysqlTakeover still reads the old row. Either
+// way every assignment sees the same decision.
+const mysqlWon = `(lease_token = @token OR ` + mysqlTakeover + `)`
+
+var mysqlDialect = &dialect{
+	name:    "mysql",
+	migrate: idemmigrate.MySQL,
+
+	// Rows affected tell the outcome: 1 inserted, 2 taken over, 0 kept
+	// (each IF left its column as it was). This needs the driver's default
+	// clientFoundRows=false, with which an unchanged row counts 0.
+	claim: compile(`INSERT INTO idem_keys (tenant_id, idem_key, fingerprint, state, lease_token,
+    locked_until, storage_mode, created_at, expires_at)
+VALUES (@tenant, @key, @fingerprint, 'in_flight', @token,
+    UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND, 0, UTC_TIMESTAMP(6),
+    UTC_TIMESTAMP(6) + INTERVAL @retention MICROSECOND)
+ON DUPLICATE KEY UPDATE
+    lease_token      = IF(`+mysqlTakeover+`, @token, lease_token),
+    fingerprint      = IF(`+mysqlWon+`, @fingerprint, fingerprint),
+    state            = IF(`+mysqlWon+`, 'in_flight', state),
+    locked_until     = IF(`+mysqlWon+`, UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND, locked_until),
+    storage_mode     = IF(`+mysqlWon+`, 0, storage_mode),
+    status_code      = IF(`+mysqlWon+`, NULL, status_code),
+    response_headers = IF(`+mysqlWon+`, NULL, response_headers),
+    response_body    = IF(`+mysqlWon+`, NULL, response_body),
+    resource_ref     = IF(`+mysqlWon+`, NULL, resource_ref),
+    created_at       = IF(`+mysqlWon+`, UTC_TIMESTAMP(6), created_at),
+    completed_at     = IF(`+mysqlWon+`, NULL, completed_at),
+    expires_at       = IF(`+mysqlWon+`, UTC_TIMESTAMP(6) + INTERVAL @retention MICROSECOND, expires_at)`, positional),
+
+	get: compile(`SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, positional),
+
+	// An UPDATE reads the latest committed row and locks it, under
+	// REPEATABLE READ as under READ COMMITTED: a takeover committed since
+	// the transaction began makes it match nothing, and a takeover that
+	// comes later waits for this transaction and then finds the record
+	// complete.
+	complete: compile(`UPDATE idem_keys SET state = 'complete', storage_mode = @mode,
+    status_code = @status, response_headers = @headers, response_body = @body,
+    resource_ref = @ref, completed_at = UTC_TIMESTAMP(6)
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, positional),
+
+	extend: compile(`UPDATE idem_keys SET locked_until = UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND,
+    expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND)
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, positional),
+
+	held: compile(`SELECT 1 FROM idem_keys
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, positional),
+
+	release: compile(`DELETE FROM idem_keys
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, positional),
+
+	// Walks idem_keys_expires_at_idx (whose entries end with the primary
+	// key, hence the deterministic order) and stops after the batch. It
+	// runs under READ COMMITTED, where InnoDB takes no gap locks, so that
+	// no claim waits behind the range it scanned.
+	purge: compile(`DELETE FROM idem_keys
+WHERE expires_at <= UTC_TIMESTAMP(6)
+  AND NOT (state = 'in_flight' AND locked_until > UTC_TIMESTAMP(6))
+ORDER BY expires_at, tenant_id, idem_key LIMIT @limit`, positional),
+	purgeInTx:      true,
+	purgeIsolation: sql.LevelReadCommitted,
+
+	changedRows: true,
+	maxTenant:   512, // tenant_id VARBINARY(512)
+	utcWall:     true,
+}

@@ -1,0 +1,59 @@
+package idemsql
+
+import "github.com/idem-go/idem/idemmigrate"
+
+// postgresMicros turns a number of microseconds into an interval.
+const postgresMicros = `::bigint * interval '1 microsecond'`
+
+var postgresDialect = &dialect{
+	name:    "postgres",
+	migrate: idemmigrate.Postgres,
+
+	// See sqliteDialect.claim. Under READ COMMITTED, a claim meeting a row
+	// that another transaction is changing waits for it and evaluates the
+	// WHERE against the committed row.
+	claim: compile(`INSERT INTO idem_keys (tenant_id, idem_key, fingerprint, state, lease_token,
+    locked_until, storage_mode, created_at, expires_at)
+VALUES (@tenant, @key, @fingerprint, 'in_flight', @token,
+    now() + @lease`+postgresMicros+`, 0, now(), now() + @retention`+postgresMicros+`)
+ON CONFLICT (tenant_id, idem_key) DO UPDATE SET
+    fingerprint = excluded.fingerprint, state = 'in_flight', lease_token = excluded.lease_token,
+    locked_until = excluded.locked_until, storage_mode = 0, status_code = NULL,
+    response_headers = NULL, response_body = NULL, resource_ref = NULL,
+    created_at = excluded.created_at, completed_at = NULL, expires_at = excluded.expires_at
+WHERE idem_keys.expires_at <= excluded.created_at
+   OR (idem_keys.state = 'in_flight' AND idem_keys.locked_until <= excluded.created_at
+       AND idem_keys.fingerprint IS NOT DISTINCT FROM excluded.fingerprint)
+RETURNING lease_token`, numbered),
+	claimReturns: true,
+
+	get: compile(`SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
+
+	// Only unindexed columns change: a HOT update. clock_timestamp(), not
+	// now(): inside the handler's transaction now() is when it began.
+	complete: compile(`UPDATE idem_keys SET state = 'complete', storage_mode = @mode,
+    status_code = @status, response_headers = @headers::jsonb, response_body = @body,
+    resource_ref = @ref, completed_at = clock_timestamp()
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, numbered),
+
+	extend: compile(`UPDATE idem_keys SET locked_until = now() + @lease`+postgresMicros+`,
+    expires_at = greatest(expires_at, now() + @lease`+postgresMicros+`)
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, numbered),
+
+	held: compile(`SELECT 1 FROM idem_keys
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, numbered),
+
+	release: compile(`DELETE FROM idem_keys
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, numbered),
+
+	// ctid = ANY(ARRAY(…)) is a TID scan of the batch the subquery found
+	// through idem_keys_expires_at_idx; SKIP LOCKED passes over rows a
+	// claim is taking over, so the purge never waits for, nor blocks, a
+	// claim.
+	purge: compile(`DELETE FROM idem_keys WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM idem_keys
+    WHERE expires_at <= now()
+      AND NOT (state = 'in_flight' AND locked_until > now())
+    ORDER BY expires_at LIMIT @limit
+    FOR UPDATE SKIP LOCKED))`, numbered),
+}

@@ -1,0 +1,124 @@
+package idemsql_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/idem-go/idem/idemmigrate"
+	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/internal/testenv"
+
+	_ "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
+)
+
+// testDB is one fresh, migrated database of a dialect, reached through two
+// *sql.DB handles as two processes would, with a business table beside
+// idem_keys.
+type testDB struct {
+	dialect     idemsql.Dialect
+	dsn         string // what openDB takes, for helper processes
+	db, peerDB  *sql.DB
+	store, peer *idemsql.Store
+}
+
+var dialects = []idemsql.Dialect{idemsql.SQLite, idemsql.MySQL, idemsql.Postgres}
+
+// forEachDialect runs fn as a parallel subtest per dialect, each on a
+// fresh database. The tests mostly wait out leases on the database clock,
+// so running them side by side costs little CPU and saves much time.
+func forEachDialect(t *testing.T, fn func(t *testing.T, env *testDB)) {
+	t.Parallel()
+	for _, d := range dialects {
+		t.Run(d.Name(), func(t *testing.T) {
+			t.Parallel()
+			fn(t, newTestDB(t, d))
+		})
+	}
+}
+
+func newTestDB(t *testing.T, dialect idemsql.Dialect) *testDB {
+	t.Helper()
+	var dsn string
+	switch dialect {
+	case idemsql.SQLite:
+		dsn = filepath.Join(t.TempDir(), "idem.db")
+	case idemsql.MySQL:
+		dsn = testenv.MySQLDSN(t)
+	case idemsql.Postgres:
+		dsn = testenv.PostgresSchema(t)
+	}
+	open := func() *sql.DB {
+		db, err := openDB(dialect, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return db
+	}
+	env := &testDB{dialect: dialect, dsn: dsn, db: open(), peerDB: open()}
+	t.Cleanup(func() {
+		env.db.Close()
+		env.peerDB.Close()
+	})
+	ctx := context.Background()
+	if err := idemmigrate.Migrate(ctx, env.db, dialect.MigrateDialect()); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	if _, err := env.db.ExecContext(ctx, `CREATE TABLE business (id VARCHAR(255) NOT NULL)`); err != nil {
+		t.Fatalf("create business table: %v", err)
+	}
+	env.store = idemsql.New(env.db, dialect)
+	env.peer = idemsql.New(env.peerDB, dialect)
+	return env
+}
+
+// openDB opens a handle on the database of dialect named by dsn (a file
+// path for SQLite).
+func openDB(dialect idemsql.Dialect, dsn string) (*sql.DB, error) {
+	switch dialect {
+	case idemsql.SQLite:
+		return idemsql.OpenSQLite(dsn)
+	case idemsql.MySQL:
+		return sql.Open("mysql", dsn)
+	case idemsql.Postgres:
+		return sql.Open("pgx", dsn)
+	}
+	return nil, fmt.Errorf("unknown dialect %v", dialect)
+}
+
+func sqlOpen(t *testing.T, driver, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// placeholder returns the dialect's first parameter.
+func (e *testDB) placeholder() string {
+	if e.dialect == idemsql.Postgres {
+		return "$1"
+	}
+	return "?"
+}
+
+// businessWrite inserts a business row through the handler's transaction.
+func (e *testDB) businessWrite(ctx context.Context, id string) error {
+	tx := idemsql.Tx(ctx)
+	if tx == nil {
+		return fmt.Errorf("idemsql.Tx(ctx) is nil")
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO business (id) VALUES (`+e.placeholder()+`)`, id)
+	return err
+}
+
+// businessCount counts the committed business rows tagged id.
+func (e *testDB) businessCount(ctx context.Context, id string) (int, error) {
+	var n int
+	err := e.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM business WHERE id = `+e.placeholder(), id).Scan(&n)
+	return n, err
+}

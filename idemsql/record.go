@@ -1,0 +1,87 @@
+package idemsql
+
+import (
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// scanRecord reads one row of recordColumns.
+func scanRecord(d *dialect, row interface{ Scan(...any) error }) (*idem.Record, error) {
+	var (
+		rec                               idem.Record
+		state                             string
+		mode                              int64
+		status                            sql.NullInt64
+		headers                           []byte
+		ref                               sql.NullString
+		locked, created, completed, until = dbTime{utcWall: d.utcWall}, dbTime{utcWall: d.utcWall}, dbTime{utcWall: d.utcWall}, dbTime{utcWall: d.utcWall}
+	)
+	err := row.Scan(&rec.Tenant, &rec.Key, &rec.Fingerprint, &state, &rec.LeaseToken, &locked,
+		&mode, &status, &headers, &rec.Result.Body, &ref,
+		&created, &completed, &until)
+	if err != nil {
+		return nil, err
+	}
+	rec.State = idem.State(state)
+	rec.LockedUntil = locked.t
+	rec.CreatedAt = created.t
+	rec.CompletedAt = completed.t
+	rec.ExpiresAt = until.t
+	rec.Result.Mode = idem.StorageMode(mode)
+	rec.Result.Status = int(status.Int64)
+	rec.Result.Reference = ref.String
+	if rec.Result.Header, err = idem.UnmarshalHeader(headers); err != nil {
+		return nil, err
+	}
+	if len(rec.Fingerprint) == 0 {
+		rec.Fingerprint = nil
+	}
+	return &rec, nil
+}
+
+// dbTime scans a time column of any dialect into a UTC time.Time; NULL
+// gives the zero time.
+type dbTime struct {
+	// utcWall says that a time.Time from the driver carries the UTC wall
+	// clock in whatever location the driver chose (MySQL DATETIME: the
+	// driver's loc parameter), so only its fields count.
+	utcWall bool
+	t       time.Time
+}
+
+// mysqlLayout is how MySQL sends DATETIME(6) as text (parseTime=false).
+const mysqlLayout = "2006-01-02 15:04:05.999999"
+
+// Scan implements sql.Scanner.
+func (d *dbTime) Scan(src any) error {
+	switch v := src.(type) {
+	case nil:
+		d.t = time.Time{}
+	case int64: // SQLite: Unix microseconds
+		d.t = time.UnixMicro(v).UTC()
+	case time.Time:
+		if d.utcWall {
+			v = time.Date(v.Year(), v.Month(), v.Day(), v.Hour(), v.Minute(), v.Second(), v.Nanosecond(), time.UTC)
+		}
+		d.t = v.UTC()
+	case []byte:
+		return d.parse(string(v))
+	case string:
+		return d.parse(v)
+	default:
+		return fmt.Errorf("idemsql: cannot read %T as a time", src)
+	}
+	return nil
+}
+
+func (d *dbTime) parse(s string) error {
+	t, err := time.ParseInLocation(mysqlLayout, s, time.UTC)
+	if err != nil {
+		return fmt.Errorf("idemsql: cannot read %q as a time: %w", s, err)
+	}
+	d.t = t
+	return nil
+}

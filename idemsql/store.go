@@ -1,0 +1,223 @@
+package idemsql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/idem-go/idem"
+)
+
+// defaultPurgeLimit is the batch of Purge when PurgeParams.Limit is zero.
+const defaultPurgeLimit = 1000
+
+// claimAttempts bounds the retries of a claim whose record vanished
+// between the claim and the read that follows a lost claim (released or
+// purged in between): the next attempt normally wins.
+const claimAttempts = 3
+
+// Store is an idem.Store on a database/sql database. The tables come from
+// idemmigrate (Dialect.MigrateDialect). A Store is safe for concurrent use.
+type Store struct {
+	db *sql.DB
+	d  *dialect
+}
+
+var _ idem.Store = (*Store)(nil)
+
+// New returns a Store on db, which speaks dialect. It panics on the zero
+// Dialect, a programming error.
+func New(db *sql.DB, dialect Dialect) *Store {
+	if dialect.d == nil {
+		panic("idemsql: New needs idemsql.SQLite, idemsql.MySQL or idemsql.Postgres")
+	}
+	if db == nil {
+		panic("idemsql: New needs a *sql.DB")
+	}
+	return &Store{db: db, d: dialect.d}
+}
+
+// DB returns the database the store works on.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Dialect returns the store's dialect.
+func (s *Store) Dialect() Dialect { return Dialect{s.d} }
+
+// Claim implements idem.Store in one statement (INSERT … ON CONFLICT …
+// DO UPDATE … WHERE, or ON DUPLICATE KEY UPDATE on MySQL), followed, when
+// it lost, by one read of the record that holds the key.
+func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	if s.d.maxTenant > 0 && len(p.Tenant) > s.d.maxTenant {
+		return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: the tenant is %d bytes long, the %s table holds %d", len(p.Tenant), s.d.name, s.d.maxTenant)
+	}
+	args := s.d.claim.args(map[string]any{
+		"tenant":      p.Tenant,
+		"key":         p.Key,
+		"fingerprint": nullBytes(p.Fingerprint),
+		"token":       p.Token,
+		"lease":       p.Lease.Microseconds(),
+		"retention":   p.Retention.Microseconds(),
+	})
+	for range claimAttempts {
+		won, err := s.claimOnce(ctx, args)
+		if err != nil {
+			return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: %w", err)
+		}
+		if won {
+			return idem.ClaimResult{Won: true}, nil
+		}
+		rec, err := s.Get(ctx, p.Tenant, p.Key)
+		if errors.Is(err, idem.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return idem.ClaimResult{}, err
+		}
+		return idem.ClaimResult{Record: rec}, nil
+	}
+	return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: the record vanished %d times between claim and read", claimAttempts)
+}
+
+func (s *Store) claimOnce(ctx context.Context, args []any) (bool, error) {
+	if s.d.claimReturns {
+		var token int64
+		err := s.db.QueryRowContext(ctx, s.d.claim.text, args...).Scan(&token)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, nil
+		}
+		return err == nil, err
+	}
+	res, err := s.db.ExecContext(ctx, s.d.claim.text, args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n > 0, err
+}
+
+// Begin implements idem.Store: it opens a database transaction, which the
+// handler reaches through Tx(ctx). With OpenSQLite it begins IMMEDIATE.
+func (s *Store) Begin(ctx context.Context) (idem.Tx, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("idemsql: begin: %w", err)
+	}
+	return &unitOfWork{s: s, tx: tx}, nil
+}
+
+// Extend implements idem.Store.
+func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
+	res, err := s.db.ExecContext(ctx, s.d.extend.text, s.d.extend.args(map[string]any{
+		"tenant": p.Tenant, "key": p.Key, "token": p.Token, "lease": p.Lease.Microseconds(),
+	})...)
+	if err != nil {
+		return fmt.Errorf("idemsql: extend: %w", err)
+	}
+	return s.fenced(ctx, s.db, res, p.Tenant, p.Key, p.Token)
+}
+
+// fenced turns the result of a statement fenced by (tenant, key, token,
+// in flight) into nil or idem.ErrLeaseLost.
+func (s *Store) fenced(ctx context.Context, q querier, res sql.Result, tenant, key string, token int64) error {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("idemsql: rows affected: %w", err)
+	}
+	if n > 0 {
+		return nil
+	}
+	if s.d.changedRows {
+		// Zero may mean "matched but already so" (an extension within the
+		// same microsecond as the last one): ask.
+		var one int
+		err := q.QueryRowContext(ctx, s.d.held.text, s.d.held.args(map[string]any{
+			"tenant": tenant, "key": key, "token": token,
+		})...).Scan(&one)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("idemsql: %w", err)
+		}
+	}
+	return idem.ErrLeaseLost
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
+	_, err := s.db.ExecContext(ctx, s.d.release.text, s.d.release.args(map[string]any{
+		"tenant": p.Tenant, "key": p.Key, "token": p.Token,
+	})...)
+	if err != nil {
+		return fmt.Errorf("idemsql: release: %w", err)
+	}
+	return nil
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, tenant, key string) (*idem.Record, error) {
+	row := s.db.QueryRowContext(ctx, s.d.get.text, s.d.get.args(map[string]any{"tenant": tenant, "key": key})...)
+	rec, err := scanRecord(s.d, row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, idem.ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("idemsql: get: %w", err)
+	}
+	return rec, nil
+}
+
+// Purge implements idem.Store: one DELETE of at most Limit rows found
+// through the expires_at index, sparing in-flight records whose lease is
+// live.
+func (s *Store) Purge(ctx context.Context, p idem.PurgeParams) (int, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = defaultPurgeLimit
+	}
+	args := s.d.purge.args(map[string]any{"limit": int64(limit)})
+	if !s.d.purgeInTx {
+		res, err := s.db.ExecContext(ctx, s.d.purge.text, args...)
+		return purged(res, err)
+	}
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: s.d.purgeIsolation})
+	if err != nil {
+		return 0, fmt.Errorf("idemsql: purge: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // harmless after Commit
+	n, err := purged(tx.ExecContext(ctx, s.d.purge.text, args...))
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("idemsql: purge: %w", err)
+	}
+	return n, nil
+}
+
+func purged(res sql.Result, err error) (int, error) {
+	if err != nil {
+		return 0, fmt.Errorf("idemsql: purge: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("idemsql: purge: %w", err)
+	}
+	return int(n), nil
+}
+
+// querier is what *sql.DB and *sql.Tx have in common.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// nullBytes stores an empty fingerprint or body as NULL, which reads back
+// as nil: idem treats nil and empty alike.
+func nullBytes(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
