@@ -333,10 +333,11 @@ func TestCheckAgainstServe(t *testing.T) {
 }
 
 // TestServePurgesInBackground: with --purge-interval, the janitor deletes
-// records once their retention has passed.
+// records once their retention has passed. The engine never lets a record
+// expire before its lease ends, so the lease is short too.
 func TestServePurgesInBackground(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
-	p := startServe(t, "idem serve", "--db", "sqlite:"+path, "--retention", "200ms", "--purge-interval", "50ms")
+	p := startServe(t, "idem serve", "--db", "sqlite:"+path, "--lease", "100ms", "--retention", "200ms", "--purge-interval", "50ms")
 	if a := do(t, req{method: "POST", url: p.url + "/orders", body: goodOrder, key: "short-lived"}); a.status != http.StatusCreated {
 		t.Fatalf("POST: %s", a)
 	}

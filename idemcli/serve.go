@@ -85,7 +85,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&opts.DB, "db", DefaultDB, dbFlagHelp)
 	fs.StringVar(&opts.Keys, "keys", "", "keep the idempotency records in Redis at this redis:// `URL` instead of --db;\nweaker: the order and its record no longer commit in one transaction")
 	durationVar(fs, &opts.Lease, "lease", idem.DefaultLease, "how long a running request holds its key before a retry may take it over")
-	durationVar(fs, &opts.Retention, "retention", idem.DefaultRetention, "how long a key is remembered and its answer replayed")
+	durationVar(fs, &opts.Retention, "retention", idem.DefaultRetention, "how long a key is remembered and its answer replayed (never less than --lease)")
 	fs.BoolVar(&opts.RequireKey, "require-key", false, "answer 400 to a POST without Idempotency-Key")
 	durationVar(fs, &opts.HandlerDelay, "handler-delay", 0, "sleep this long inside the transaction of POST /orders, to make the in-flight window visible")
 	durationVar(fs, &opts.PurgeInterval, "purge-interval", DefaultPurgeInterval, "delete expired records this often; 0 turns the janitor off (Redis, with --keys, expires them itself)")

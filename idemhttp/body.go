@@ -51,7 +51,7 @@ func readBody(r *http.Request, limit int64) (*requestBody, error) {
 		room := min(int64(cap(buf)-len(buf)), limit+1-int64(len(buf)))
 		n, err := r.Body.Read(buf[len(buf) : int64(len(buf))+room])
 		buf = buf[:len(buf)+n]
-		if false {
+		if int64(len(buf)) > limit {
 			b.buf = buf
 			b.free()
 			return nil, errRequestTooLarge

@@ -1,7 +1,6 @@
 package idemhttp
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -129,26 +128,14 @@ type Config struct {
 	// ReplayFunc rebuilds the answer of a replay stored in
 	// idem.ModeReference or idem.ModeMarker, from res.Status and
 	// res.Reference. The middleware has already set Idempotency-Key and
-	// Idempotent-Replayed. Required for those modes.
+	// Idempotent-Replayed, and r.Body reads the request body again.
+	// Required for those modes.
 	ReplayFunc func(w http.ResponseWriter, r *http.Request, res idem.Result)
 
 	// Logger receives handler panics, store failures, lost leases and
 	// oversized responses. Defaults to slog.Default().
 	Logger *slog.Logger
 }
-
-// SetReference names the resource the handler created, for
-// idem.ModeReference: the reference is stored instead of the response
-// body, and ReplayFunc receives it. ctx is the request's context. Outside
-// a protected request it does nothing.
-func SetReference(ctx context.Context, ref string) {
-	if rec, ok := ctx.Value(referenceKey{}).(*recorder); ok {
-		rec.ref = ref
-		rec.refSet = true
-	}
-}
-
-type referenceKey struct{}
 
 // validate checks c and fills in its defaults.
 func (c *Config) validate() error {

@@ -68,6 +68,12 @@
 // reaches deadlines through it. Streaming endpoints should not be
 // protected.
 //
+// The request body is read once, up to Config.MaxRequestBody, to
+// fingerprint it, and given back to the handler from memory. The buffers
+// of the body and of the response are reused by later requests, so, as
+// net/http already requires, a handler must not touch its request body
+// or its ResponseWriter once it has returned.
+//
 // A response larger than Config.MaxResponseBody cannot be stored. Rather
 // than send it unprotected or store it truncated, the middleware rolls
 // the work back, releases the key and answers 500 (response-too-large).

@@ -104,6 +104,8 @@ func (f *fingerprinter) putString(s string) {
 // kept as it came, which still tells it from every other.
 func (f *fingerprinter) putQuery(raw string) {
 	params := f.params[:0]
+	// Most queries hold nothing to decode: skip the decoder for them.
+	encoded := strings.ContainsAny(raw, "%+")
 	for raw != "" {
 		var part string
 		part, raw, _ = strings.Cut(raw, "&")
@@ -111,11 +113,13 @@ func (f *fingerprinter) putQuery(raw string) {
 			continue
 		}
 		name, value, _ := strings.Cut(part, "=")
-		if n, err := url.QueryUnescape(name); err == nil {
-			name = n
-		}
-		if v, err := url.QueryUnescape(value); err == nil {
-			value = v
+		if encoded {
+			if n, err := url.QueryUnescape(name); err == nil {
+				name = n
+			}
+			if v, err := url.QueryUnescape(value); err == nil {
+				value = v
+			}
 		}
 		params = append(params, queryParam{name, value})
 	}

@@ -2,6 +2,7 @@ package idemhttp_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -40,6 +41,7 @@ func TestFencingSlowHandlerTakenOver(t *testing.T) {
 		if runs.Add(1) == 1 {
 			close(slowStarted)
 			<-releaseSlow
+			w.Header().Set("Location", "/orders/slow")
 			w.WriteHeader(http.StatusCreated)
 			io.WriteString(w, "slow")
 			return
@@ -61,6 +63,9 @@ func TestFencingSlowHandlerTakenOver(t *testing.T) {
 	ws := <-slow
 	wantProblem(t, ws, http.StatusConflict, "lease-lost")
 	wantEcho(t, ws, "k1")
+	if loc := ws.Header().Get("Location"); loc != "" {
+		t.Fatalf("the refused answer's Location %q leaked into the problem", loc)
+	}
 
 	rec, err := e.store.Get(t.Context(), "", "k1")
 	if err != nil {
@@ -134,8 +139,12 @@ func TestLostLeaseCancelsHandler(t *testing.T) {
 	h := e.handler(t, idemhttp.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 {
 			close(started)
-			<-r.Context().Done()
-			cause <- context.Cause(r.Context())
+			select {
+			case <-r.Context().Done():
+				cause <- context.Cause(r.Context())
+			case <-time.After(10 * time.Second):
+				cause <- errors.New("the handler's context never ended")
+			}
 			w.WriteHeader(http.StatusCreated)
 			return
 		}

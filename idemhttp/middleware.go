@@ -119,7 +119,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	switch {
 	case err == nil && out.Replayed:
-		m.writeReplay(w, r, out.Result)
+		m.writeReplay(w, r, body, out.Result)
 	case err == nil:
 		run.rec.deliver(out.Result.Status, run.rec.body)
 	default:
@@ -177,7 +177,7 @@ func (e *execution) do(ctx context.Context) (idem.Result, error) {
 		res.Mode = idem.ModeMarker
 		return res, nil
 	}
-	res.Header = e.m.storedHeader(rec.stored, rec.header)
+	res.Header = e.m.storedHeader(rec.stored, e.w.Header())
 	// The body is the recorder's buffer: the store copies it (or encodes
 	// it) in Complete, and the buffer lives until the response is sent.
 	res.Body = rec.body
@@ -200,7 +200,7 @@ func (m *Middleware) storedHeader(out map[string][]string, h http.Header) map[st
 }
 
 // writeReplay sends a stored result back.
-func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, res idem.Result) {
+func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *requestBody, res idem.Result) {
 	h := w.Header()
 	if res.Mode != idem.ModeResponse {
 		if m.config.ReplayFunc == nil {
@@ -210,6 +210,14 @@ func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, res ide
 			return
 		}
 		h[HeaderReplayed] = replayedTrue
+		// The original body was read to fingerprint it: give the function
+		// a request whose body reads it again. A copy, not r itself, which
+		// outer middlewares still hold.
+		r = r.WithContext(r.Context())
+		if r.Body != nil && r.Body != http.NoBody {
+			body.reset()
+			r.Body = body
+		}
 		m.config.ReplayFunc(w, r, res)
 		return
 	}
@@ -229,6 +237,11 @@ func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, res ide
 
 // writeError answers a failed Engine.Do.
 func (m *Middleware) writeError(w http.ResponseWriter, r *http.Request, rec *recorder, op idem.Operation, err error) {
+	if rec != nil && !errors.Is(err, errReleased5xx) {
+		// The handler ran but its answer is discarded: none of its
+		// headers may reach the problem.
+		rec.restoreHeader()
+	}
 	ctx := r.Context()
 	log := m.config.Logger
 	var panicErr *idem.PanicError

@@ -538,10 +538,16 @@ func TestRequestBodyTooLarge(t *testing.T) {
 	if w := serve(h, request(http.MethodPost, "/orders", "k0", strings.Repeat("x", 16))); w.Code != http.StatusCreated {
 		t.Fatalf("body at the limit: %d, want 201", w.Code)
 	}
-	// Announced too long.
-	w := serve(h, request(http.MethodPost, "/orders", "k1", strings.Repeat("x", 17)))
+	// Announced too long: refused before a byte is read.
+	announced := &countingReader{r: strings.NewReader(strings.Repeat("x", 17))}
+	r1 := request(http.MethodPost, "/orders", "k1", "")
+	r1.Body, r1.ContentLength = io.NopCloser(announced), 17
+	w := serve(h, r1)
 	wantProblem(t, w, http.StatusRequestEntityTooLarge, "request-too-large")
 	wantEcho(t, w, "k1")
+	if announced.n != 0 {
+		t.Fatalf("read %d bytes of a body announced too long", announced.n)
+	}
 	// Unannounced (chunked) and too long.
 	r := request(http.MethodPost, "/orders", "k2", "")
 	r.Body = io.NopCloser(strings.NewReader(strings.Repeat("x", 1000)))
@@ -584,6 +590,17 @@ func TestUnreadableBody(t *testing.T) {
 	if c.n.Load() != 0 || e.store.Len() != 0 {
 		t.Fatalf("ran %d times with %d records, want 0 and 0", c.n.Load(), e.store.Len())
 	}
+}
+
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }
 
 type errReader struct{}

@@ -67,8 +67,10 @@ func TestModeMarker(t *testing.T) {
 	cfg := idemhttp.Config{
 		Mode: idem.ModeMarker,
 		ReplayFunc: func(w http.ResponseWriter, r *http.Request, res idem.Result) {
+			// Recomputed from the request, whose body reads again.
+			body, _ := io.ReadAll(r.Body)
 			w.WriteHeader(res.Status)
-			io.WriteString(w, "recomputed")
+			io.WriteString(w, "recomputed from "+string(body))
 		},
 	}
 	h := e.handler(t, cfg, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -85,7 +87,7 @@ func TestModeMarker(t *testing.T) {
 		t.Fatalf("stored %+v with fingerprint %x, want a marker", rec.Result, rec.Fingerprint)
 	}
 	w := serve(h, request(http.MethodPost, "/jobs", "k1", "a"))
-	if w.Code != http.StatusAccepted || w.Body.String() != "recomputed" || runs.Load() != 1 {
+	if w.Code != http.StatusAccepted || w.Body.String() != "recomputed from a" || runs.Load() != 1 {
 		t.Fatalf("replay %d %q, ran %d times", w.Code, w.Body, runs.Load())
 	}
 	wantProblem(t, serve(h, request(http.MethodPost, "/jobs", "k1", "b")), http.StatusUnprocessableEntity, "fingerprint-mismatch")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -23,18 +24,17 @@ var ErrHijack = errors.New("idemhttp: a protected request cannot hijack its conn
 var ErrResponseTooLarge = errors.New("idemhttp: response too large to store")
 
 // recorder is the http.ResponseWriter a protected handler writes to. It
-// holds the status, the headers and the body until the engine has
-// committed, because a response sent before the commit could reach the
-// client for an operation that is then rolled back (lease lost, store
-// failure). Modelled on chi's middleware/wrap_writer.go, but it buffers
-// instead of passing through:
+// holds the status and the body until the engine has committed, because a
+// response sent before the commit could reach the client for an operation
+// that is then rolled back (lease lost, store failure). Modelled on chi's
+// middleware/wrap_writer.go, but it buffers instead of passing through:
 //
 //   - Flush (http.Flusher) is recorded as a no-op: a protected response
 //     is delivered whole, after the commit. Streaming endpoints should not
 //     be protected.
 //   - ReadFrom (io.ReaderFrom) fills the buffer straight from the reader.
 //   - 103 Early Hints are passed straight through with the handler's Link
-//     header: they announce resources, not a result, so sending them
+//     header only: they announce resources, not a result, so sending them
 //     early is harmless. Other 1xx codes are dropped: 100 Continue is
 //     already sent by the server when the middleware reads the body, and
 //     101 Switching Protocols needs a hijack.
@@ -42,9 +42,15 @@ var ErrResponseTooLarge = errors.New("idemhttp: response too large to store")
 //   - Unwrap returns the underlying writer, so http.ResponseController
 //     reaches deadlines and full-duplex; it finds Flush and Hijack here
 //     first, so it cannot bypass the buffering.
+//
+// The handler writes its headers straight into the underlying header map,
+// as it would without the middleware: nothing reaches the wire before the
+// underlying WriteHeader, and a successful answer then needs no copy. When
+// the answer is discarded for a problem, restoreHeader puts back the map
+// as it was before the handler ran, so that none of the handler's headers
+// (a cookie, a Location) leak into the problem.
 type recorder struct {
 	w       http.ResponseWriter
-	header  http.Header
 	status  int
 	body    []byte
 	limit   int64
@@ -53,6 +59,10 @@ type recorder struct {
 	refSet  bool
 	written bool // WriteHeader or Write called with a final status
 
+	// outer is the underlying header map as it was before the handler
+	// ran. It shares the value slices: the handler replaces values
+	// (Set, Add, Del) rather than editing them in place.
+	outer map[string][]string
 	// stored is reused for the allowlisted headers given to the store,
 	// which copies or encodes them in Complete.
 	stored map[string][]string
@@ -69,37 +79,46 @@ var (
 const maxPooledBody = 64 << 10
 
 var recorders = sync.Pool{New: func() any {
-	return &recorder{header: make(http.Header, 8), stored: make(map[string][]string, 4)}
+	return &recorder{outer: make(map[string][]string, 4), stored: make(map[string][]string, 4)}
 }}
 
-// newRecorder returns a recorder over w whose header starts as a copy of
-// w's, so the handler sees and may change what outer middlewares set, as
-// it would without the recorder.
+// newRecorder returns a recorder over w, remembering w's header as it is
+// now.
 func newRecorder(w http.ResponseWriter, limit int64) *recorder {
 	rec := recorders.Get().(*recorder)
 	rec.w = w
 	rec.limit = limit
 	for k, v := range w.Header() {
-		rec.header[k] = v
+		rec.outer[k] = v
 	}
 	return rec
 }
 
-// free returns rec to the pool. Nothing may use rec, its header or its
-// body afterwards.
+// free returns rec to the pool. Nothing may use rec or its body
+// afterwards.
 func (rec *recorder) free() {
-	clear(rec.header)
+	clear(rec.outer)
 	clear(rec.stored)
 	body := rec.body[:0]
 	if cap(body) > maxPooledBody {
 		body = nil
 	}
-	*rec = recorder{header: rec.header, body: body, stored: rec.stored}
+	*rec = recorder{body: body, outer: rec.outer, stored: rec.stored}
 	recorders.Put(rec)
 }
 
+// restoreHeader gives the underlying header map back the entries it had
+// before the handler ran, dropping the handler's.
+func (rec *recorder) restoreHeader() {
+	h := rec.w.Header()
+	clear(h)
+	for k, v := range rec.outer {
+		h[k] = v
+	}
+}
+
 // Header implements http.ResponseWriter.
-func (rec *recorder) Header() http.Header { return rec.header }
+func (rec *recorder) Header() http.Header { return rec.w.Header() }
 
 // WriteHeader implements http.ResponseWriter.
 func (rec *recorder) WriteHeader(code int) {
@@ -120,23 +139,21 @@ func (rec *recorder) WriteHeader(code int) {
 	rec.written = true
 }
 
-// earlyHints sends 103 with the handler's Link header, and leaves the
-// underlying header as it was (net/http keeps the header of a 1xx for the
-// final response, which may be a problem that must not carry it).
+// earlyHints sends 103 with the handler's Link header and nothing else:
+// net/http sends the whole header map with a 1xx, and the rest of it
+// (a cookie, a Location) belongs to a result that is not committed yet.
 func (rec *recorder) earlyHints() {
-	links, ok := rec.header["Link"]
+	h := rec.w.Header()
+	links, ok := h["Link"]
 	if !ok {
 		return
 	}
-	h := rec.w.Header()
-	old, had := h["Link"]
+	saved := maps.Clone(h)
+	clear(h)
 	h["Link"] = links
 	rec.w.WriteHeader(http.StatusEarlyHints)
-	if had {
-		h["Link"] = old
-	} else {
-		delete(h, "Link")
-	}
+	clear(h)
+	maps.Copy(h, saved)
 }
 
 // Write implements http.ResponseWriter.
@@ -188,9 +205,7 @@ func (rec *recorder) ReadFrom(src io.Reader) (int64, error) {
 		// Read at most one byte past the limit: enough to know it is
 		// exceeded without buffering more.
 		room := int64(cap(rec.body) - len(rec.body))
-		if max := rec.limit + 1 - int64(len(rec.body)); room > max {
-			room = max
-		}
+		room = min(room, rec.limit+1-int64(len(rec.body)))
 		m, err := src.Read(rec.body[len(rec.body) : int64(len(rec.body))+room])
 		rec.body = rec.body[:len(rec.body)+m]
 		n += int64(m)
@@ -233,14 +248,9 @@ func (rec *recorder) finalStatus() int {
 	return rec.status
 }
 
-// deliver sends the recorded response to the client: the handler's
-// headers replace the underlying ones, as if it had written them there.
+// deliver sends the recorded response to the client; its headers are
+// already in place.
 func (rec *recorder) deliver(status int, body []byte) {
-	h := rec.w.Header()
-	clear(h)
-	for k, v := range rec.header {
-		h[k] = v
-	}
 	rec.w.WriteHeader(status)
 	if len(body) > 0 {
 		rec.w.Write(body) //nolint:errcheck // the client is gone; the result is stored

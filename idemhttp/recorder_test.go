@@ -83,6 +83,7 @@ func TestOverRealServer(t *testing.T) {
 		rc := http.NewResponseController(w)
 		_, _, hijackErr = rc.Hijack()
 		deadlineErr = rc.SetWriteDeadline(time.Now().Add(time.Minute))
+		w.Header().Set("Set-Cookie", "session=1")
 		w.Header().Set("Link", "</style.css>; rel=preload; as=style")
 		w.WriteHeader(http.StatusEarlyHints)
 		w.Header().Del("Link")
@@ -103,7 +104,9 @@ func TestOverRealServer(t *testing.T) {
 	})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("x"))
 	req.Header.Set(idemhttp.HeaderKey, "k1")
-	resp, err := srv.Client().Do(req)
+	client := srv.Client()
+	client.Timeout = 10 * time.Second
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,8 +119,11 @@ func TestOverRealServer(t *testing.T) {
 	if deadlineErr != nil {
 		t.Errorf("SetWriteDeadline through Unwrap: %v", deadlineErr)
 	}
-	if len(hints) != 1 || hints[0].Get("Link") == "" {
-		t.Errorf("early hints %v, want one 103 with the Link", hints)
+	if len(hints) != 1 || hints[0].Get("Link") == "" || hints[0].Get("Set-Cookie") != "" || hints[0].Get(idemhttp.HeaderKey) != "" {
+		t.Errorf("early hints %v, want one 103 with the Link only", hints)
+	}
+	if resp.Header.Get("Set-Cookie") != "session=1" {
+		t.Errorf("the fresh answer lost its cookie: %v", resp.Header)
 	}
 	if resp.StatusCode != http.StatusCreated || string(body) != "created" || resp.Header.Get(idemhttp.HeaderKey) != "k1" {
 		t.Fatalf("%d %q %v", resp.StatusCode, body, resp.Header)

@@ -2,6 +2,7 @@ package ideminbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/idem-go/idem/ideminbox"
@@ -35,4 +36,38 @@ func Example() {
 	// ack <nil>
 	// ack-duplicate <nil>
 	// orders: 1
+}
+
+// A message whose handler fails on its last allowed delivery is recorded
+// as poison, with its payload and error, handed to the dead-letter hook
+// and acknowledged; its later copies are acknowledged without running.
+func ExampleInbox_Status() {
+	inbox, err := ideminbox.New(ideminbox.Config{
+		Store:       idemmem.New(nil),
+		Consumer:    "order-projector",
+		MaxAttempts: 2,
+		DeadLetterFunc: func(ctx context.Context, msg ideminbox.Message, cause error) error {
+			// With SQL, insert into a dead-letter table through the
+			// transaction: it commits with the poison record.
+			fmt.Println("dead letter:", msg.ID, cause)
+			return nil
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	failing := func(ctx context.Context) error { return errors.New("malformed order") }
+	for attempt := 1; attempt <= 3; attempt++ {
+		msg := ideminbox.Message{ID: "order-13", Attempt: attempt, Data: []byte(`{"id":`)}
+		decision, _ := inbox.Process(context.Background(), msg, failing)
+		fmt.Println(attempt, decision.Action)
+	}
+	st, _ := inbox.Status(context.Background(), "order-13")
+	fmt.Printf("%s after attempt %d: %s, payload %s\n", st.State, st.Attempt, st.Error, st.Data)
+	// Output:
+	// 1 nack
+	// dead letter: order-13 malformed order
+	// 2 ack-poison
+	// 3 ack-duplicate
+	// poison after attempt 2: malformed order, payload {"id":
 }

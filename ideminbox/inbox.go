@@ -274,7 +274,7 @@ func (in *Inbox) Process(ctx context.Context, msg Message, handler HandlerFunc) 
 	if msg.ID == "" {
 		return Decision{Action: Reject}, ErrNoMessageID
 	}
-	op := idem.Operation{Tenant: in.config.Consumer, Key: Key(msg.ID + time.Now().String()[20:29])}
+	op := idem.Operation{Tenant: in.config.Consumer, Key: Key(msg.ID)}
 	attempt := msg.Attempt
 	if attempt <= 0 {
 		attempt = in.local.failures(op.Key) + 1
@@ -282,10 +282,14 @@ func (in *Inbox) Process(ctx context.Context, msg Message, handler HandlerFunc) 
 
 	out, err := in.engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
 		if err := handler(ctx); err != nil {
-			return idem.Result{}, err
+			// Marked, so that a handler error is never mistaken for one of
+			// the engine's (a handler may itself return idem.ErrInFlight).
+			return idem.Result{}, &handlerError{err}
 		}
 		return idem.Result{Mode: idem.ModeMarker, Status: statusProcessed}, nil
 	})
+	var herr *handlerError
+	var perr *idem.PanicError
 	switch {
 	case err == nil && out.Replayed:
 		in.local.forget(op.Key)
@@ -293,14 +297,20 @@ func (in *Inbox) Process(ctx context.Context, msg Message, handler HandlerFunc) 
 	case err == nil:
 		in.local.forget(op.Key)
 		return Decision{Action: Ack}, nil
+	case ctx.Err() != nil:
+		// Shutting down: not the message's fault, not counted as a failure.
+		if errors.As(err, &herr) {
+			err = herr.err
+		}
+		return Decision{Action: Nack}, err
+	case errors.As(err, &herr):
+		err = herr.err
+	case errors.As(err, &perr):
 	case errors.Is(err, idem.ErrInFlight), errors.Is(err, idem.ErrLeaseLost):
 		// Another instance holds (or took over) the key: its outcome
 		// decides. Come back once it has had the time to finish.
 		return Decision{Action: Nack, Delay: in.config.InFlightDelay}, err
-	case ctx.Err() != nil:
-		// Shutting down: not the message's fault.
-		return Decision{Action: Nack}, err
-	case errors.Is(err, idem.ErrStore):
+	default:
 		// The store failed, not the handler: never poison a message for it.
 		return Decision{Action: Nack, Delay: in.config.RetryDelayFunc(attempt)}, err
 	}
@@ -355,6 +365,12 @@ func (in *Inbox) poison(ctx context.Context, op idem.Operation, msg Message, att
 	// (it will run again, and be poison again if it fails again).
 	return Decision{Action: Nack, Delay: in.config.RetryDelayFunc(attempt)}, errors.Join(cause, err)
 }
+
+// handlerError marks an error returned by the handler.
+type handlerError struct{ err error }
+
+func (e *handlerError) Error() string { return e.err.Error() }
+func (e *handlerError) Unwrap() error { return e.err }
 
 // Key returns the dedup key of a message id: the id itself when it is a
 // valid idem key, otherwise "sha256:" and the hex SHA-256 of the id. Ids

@@ -290,3 +290,57 @@ func TestConfigDefaults(t *testing.T) {
 		}
 	}
 }
+
+// A handler's own errors and panics are failures, whatever they wrap: a
+// handler returning idem.ErrInFlight (from an engine of its own) is not
+// taken for a message in flight, and ends as poison like any failure.
+func TestHandlerErrorsAreFailures(t *testing.T) {
+	for name, h := range map[string]ideminbox.HandlerFunc{
+		"in-flight": func(ctx context.Context) error { return fmt.Errorf("downstream: %w", idem.ErrInFlight) },
+		"store":     func(ctx context.Context) error { return &idem.StoreError{Op: "claim", Err: errors.New("x")} },
+		"panic":     func(ctx context.Context) error { panic("bad order") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			in := newInbox(t, idemmem.New(nil), func(c *ideminbox.Config) {
+				c.MaxAttempts = 2
+				c.RetryDelayFunc = func(int) time.Duration { return time.Hour }
+			})
+			d, err := in.Process(context.Background(), ideminbox.Message{ID: "m", Attempt: 1}, h)
+			if d.Action != ideminbox.Nack || d.Delay != time.Hour || err == nil {
+				t.Fatalf("first delivery: %+v, %v", d, err)
+			}
+			d, err = in.Process(context.Background(), ideminbox.Message{ID: "m", Attempt: 2}, h)
+			if d.Action != ideminbox.AckPoison || err == nil {
+				t.Fatalf("second delivery: %+v, %v", d, err)
+			}
+		})
+	}
+}
+
+// Consumer keys outlive broker windows by default (7 days), then count as
+// absent and are purged by the janitor like HTTP keys.
+func TestRetention(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	store := idemmem.New(&idemmem.Config{NowFunc: clock})
+	in := newInbox(t, store, nil)
+	runs := 0
+	h := func(ctx context.Context) error { runs++; return nil }
+	msg := ideminbox.Message{ID: "m", Attempt: 1}
+	if d, _ := in.Process(context.Background(), msg, h); d.Action != ideminbox.Ack {
+		t.Fatalf("first: %v", d.Action)
+	}
+	advance(6 * 24 * time.Hour)
+	if d, _ := in.Process(context.Background(), msg, h); d.Action != ideminbox.AckDuplicate {
+		t.Fatalf("after 6 days: %v", d.Action)
+	}
+	advance(2 * 24 * time.Hour)
+	if n, err := idem.NewJanitor(store, nil).PurgeOnce(context.Background()); n != 1 || err != nil {
+		t.Fatalf("purge after 8 days: %d, %v", n, err)
+	}
+	if st, _ := in.Status(context.Background(), "m"); st.State != ideminbox.StateAbsent || runs != 1 {
+		t.Fatalf("after purge: %v, runs %d", st.State, runs)
+	}
+}

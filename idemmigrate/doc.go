@@ -28,7 +28,9 @@
 // The three dialects hold the same columns with the same meaning; only the
 // types differ where the databases differ:
 //
-//   - Postgres: timestamptz times from now(), bytea, jsonb headers.
+//   - Postgres: timestamptz times from now(), bytea, jsonb headers; and
+//     the function idem_complete (0002), idempg's one-round-trip fenced
+//     completion.
 //   - MySQL (and MariaDB), InnoDB: DATETIME(6) times holding UTC from
 //     UTC_TIMESTAMP(6); VARBINARY tenant and key, so that they compare
 //     byte for byte whatever the server's collation; tenants up to 512

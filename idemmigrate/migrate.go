@@ -14,6 +14,8 @@ import (
 // Each migration runs in its own transaction where the dialect allows it
 // (PostgreSQL and SQLite; MySQL commits every DDL statement by itself, which
 // is why the MySQL files are written to be re-run safely).
+// A PostgreSQL or SQLite file must therefore be able to run inside a
+// transaction (no CREATE INDEX CONCURRENTLY).
 //
 // Two processes starting at once are safe: the run holds a lock that lets
 // one migrate while the other waits and then finds nothing left to do

@@ -15,8 +15,9 @@ import (
 // that beat it. The claim must come back lost with that row, not won and
 // not empty-handed.
 func TestClaimLosesToRowItsSnapshotCannotSee(t *testing.T) {
-	e := newEnv(t, 1)
+	e := newEnv(t, 1) // the claim's pool: one connection, whose pid we know
 	ctx := context.Background()
+	watch := newPool(t, e.url, 1)
 
 	var claimPID int32
 	if err := e.pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&claimPID); err != nil {
@@ -46,7 +47,7 @@ func TestClaimLosesToRowItsSnapshotCannotSee(t *testing.T) {
 	// polled; nothing is asserted about time).
 	for {
 		var waiting bool
-		if err := e.peer.QueryRow(ctx, `SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`,
+		if err := watch.QueryRow(ctx, `SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`,
 			claimPID).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}

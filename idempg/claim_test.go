@@ -33,7 +33,7 @@ func atOnce(n int, fn func(i int)) {
 }
 
 func TestClaimOneWinnerAtOnce(t *testing.T) {
-	e := newEnv(t, 10)
+	e := newEnv(t, 5)
 	ctx := context.Background()
 	const n = 50
 	type answer struct {
@@ -82,7 +82,7 @@ func TestClaimOneWinnerAtOnce(t *testing.T) {
 // instant through two engines on two pools: exactly one business write,
 // and every other caller gets either "in flight" or the replay.
 func TestEngineOneEffectAtOnce(t *testing.T) {
-	e := newEnv(t, 10)
+	e := newEnv(t, 5)
 	ctx := context.Background()
 	engines := [2]*idem.Engine{mustEngine(t, e.store), mustEngine(t, e.other)}
 	const n = 50

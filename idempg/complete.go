@@ -89,6 +89,8 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 		// completing now would commit the result without the writes.
 		return fmt.Errorf("idempg: complete: the transaction is not open (status %q): %w", st, pgx.ErrTxClosed)
 	}
+	// An unnamed statement, parsed each time: preparing it once per
+	// connection measured no faster (see bench_variants_test.go).
 	pl := pgConn.StartPipeline(ctx)
 	pl.SendQueryParams(completeSQL, values, completeOIDs, completeFormats, nil)
 	pl.SendPipelineSync()

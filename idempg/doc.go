@@ -114,6 +114,18 @@
 // alone. Beginning late changes nothing the handler can see: PostgreSQL
 // takes a transaction's snapshot at its first statement, not at BEGIN.
 //
+// # Cost
+//
+// Counted on the wire by TestRoundTrips (one write per round trip):
+//
+//	without idem: BEGIN | INSERT | COMMIT              3 round trips, 1 WAL flush
+//	fresh key:    claim | BEGIN+INSERT | complete+COMMIT 3 round trips, 1 WAL flush
+//	replay:       claim                                1 round trip, no write
+//
+// BenchmarkBareTx, BenchmarkEngineFresh and BenchmarkEngineReplay measure
+// the same three; the BenchmarkVariant… benchmarks undo one design step
+// each, to show what it buys.
+//
 // # Your own transaction
 //
 // Callers that run their own transaction (a job queue's, a message

@@ -29,9 +29,6 @@ func New(pool *pgxpool.Pool) *Store {
 	return &Store{pool: pool, claimQuery: claimSQL}
 }
 
-// Pool returns the pool the store runs on.
-func (s *Store) Pool() *pgxpool.Pool { return s.pool }
-
 // micros passes a duration to SQL as whole microseconds, PostgreSQL's
 // timestamp resolution, so the server adds it to its own now(): the store
 // never sends a timestamp read from an application server's clock.

@@ -19,7 +19,7 @@ var (
 	SQLite = Dialect{sqliteDialect}
 	// MySQL is MySQL 8.0.16+ or MariaDB 10.5+ on InnoDB, through
 	// github.com/go-sql-driver/mysql. Times are DATETIME(6) holding UTC
-	// from UTC_TIMESTAMP(6).
+	// from UTC_TIMESTAMP(6). Tenants are limited to 512 bytes.
 	MySQL = Dialect{mysqlDialect}
 	// Postgres is PostgreSQL through a database/sql driver, such as
 	// github.com/jackc/pgx/v5/stdlib (driver "pgx"), for programs built on
@@ -80,6 +80,12 @@ type dialect struct {
 	// needs one (MySQL: READ COMMITTED takes no gap locks).
 	purgeIsolation sql.IsolationLevel
 	purgeInTx      bool
+
+	// deadlock reports an error after which the database rolled the
+	// statement's transaction back whole, so that it may simply run again
+	// (InnoDB deadlocks between claims and purges); nil when the dialect
+	// needs no such retry.
+	deadlock func(error) bool
 
 	// changedRows is true when rows affected counts changed rows rather
 	// than matched ones (MySQL without CLIENT_FOUND_ROWS), so that an

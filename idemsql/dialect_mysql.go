@@ -2,6 +2,9 @@ package idemsql
 
 import (
 	"database/sql"
+	"errors"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/idem-go/idem/idemmigrate"
 )
@@ -82,7 +85,17 @@ ORDER BY expires_at, tenant_id, idem_key LIMIT @limit`, positional),
 	purgeInTx:      true,
 	purgeIsolation: sql.LevelReadCommitted,
 
+	deadlock:    mysqlDeadlock,
 	changedRows: true,
 	maxTenant:   512, // tenant_id VARBINARY(512)
 	utcWall:     true,
+}
+
+// mysqlDeadlock reports InnoDB's ER_LOCK_DEADLOCK. A purge locks the
+// expires_at index before the rows, a claim taking over an expired record
+// locks the row before the index entries it moves: InnoDB breaks the cycle
+// by rolling one of them back, and the one rolled back may run again.
+func mysqlDeadlock(err error) bool {
+	var e *mysql.MySQLError
+	return errors.As(err, &e) && e.Number == 1213
 }

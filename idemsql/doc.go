@@ -46,7 +46,9 @@
 // rather than fail with SQLITE_BUSY. The price: a handler holds the write
 // lock for as long as it runs, and claims of every other key wait for it.
 // This also means that no takeover can happen while a handler's
-// transaction is open, and that the lease heartbeat waits too. Keep
+// transaction is open, that the lease heartbeat waits too, and that a
+// duplicate arriving while the first execution runs waits for it (a claim
+// is a write) and then usually gets the replay rather than ErrInFlight. Keep
 // handlers short, or use PostgreSQL or MySQL for many concurrent writers.
 // Inside a handler, make every query through Tx(ctx): a query on the
 // *sql.DB would wait for a pooled connection, or for the very lock the
@@ -64,6 +66,14 @@
 // therefore makes the completion match nothing (idem.ErrLeaseLost), and a
 // takeover arriving after the completion waits for its commit and then
 // finds the record complete.
+//
+// Purge runs its bounded DELETE … ORDER BY expires_at LIMIT n under READ
+// COMMITTED, where InnoDB takes no gap locks, so that claims inserting new
+// keys never wait behind the range it scanned. A purge and a claim taking
+// over an expired record lock the row and its expires_at entry in opposite
+// orders, so InnoDB may break a deadlock between them by rolling one back;
+// the store runs such a single-statement victim again (claim, extend,
+// release, purge), so that no deadlock reaches the caller.
 //
 // The DSN needs nothing special: parseTime may be on or off, and any loc
 // is fine, since times are stored as UTC DATETIME(6) and read as UTC

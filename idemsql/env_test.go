@@ -27,6 +27,9 @@ type testDB struct {
 
 var dialects = []idemsql.Dialect{idemsql.SQLite, idemsql.MySQL, idemsql.Postgres}
 
+// testConns is the pool size of each handle on a server database.
+const testConns = 16
+
 // forEachDialect runs fn as a parallel subtest per dialect, each on a
 // fresh database. The tests mostly wait out leases on the database clock,
 // so running them side by side costs little CPU and saves much time.
@@ -40,7 +43,7 @@ func forEachDialect(t *testing.T, fn func(t *testing.T, env *testDB)) {
 	}
 }
 
-func newTestDB(t *testing.T, dialect idemsql.Dialect) *testDB {
+func newTestDB(t testing.TB, dialect idemsql.Dialect) *testDB {
 	t.Helper()
 	var dsn string
 	switch dialect {
@@ -55,6 +58,14 @@ func newTestDB(t *testing.T, dialect idemsql.Dialect) *testDB {
 		db, err := openDB(dialect, dsn)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if dialect != idemsql.SQLite {
+			// The servers are shared with other packages' tests (and
+			// PostgreSQL allows 100 clients): enough connections for
+			// races that overlap at the server, and kept for the next
+			// race rather than reopened.
+			db.SetMaxOpenConns(testConns)
+			db.SetMaxIdleConns(testConns)
 		}
 		return db
 	}
@@ -89,7 +100,7 @@ func openDB(dialect idemsql.Dialect, dsn string) (*sql.DB, error) {
 	return nil, fmt.Errorf("unknown dialect %v", dialect)
 }
 
-func sqlOpen(t *testing.T, driver, dsn string) *sql.DB {
+func sqlOpen(t testing.TB, driver, dsn string) *sql.DB {
 	t.Helper()
 	db, err := sql.Open(driver, dsn)
 	if err != nil {

@@ -95,9 +95,13 @@ func helperRace(env *testDB, tenant string) {
 	op := idem.Operation{Tenant: tenant, Key: "order-1", Fingerprint: []byte("POST /orders")}
 	// Open the connections before the barrier, so that the race is
 	// between claims and not between connection set-ups.
-	env.db.SetMaxIdleConns(goroutines)
-	conns := make([]io.Closer, 0, goroutines)
-	for range goroutines {
+	warm := goroutines
+	if limit := env.db.Stats().MaxOpenConnections; limit > 0 && limit < warm {
+		warm = limit // OpenSQLite's pool: asking for more would wait forever
+	}
+	env.db.SetMaxIdleConns(warm)
+	conns := make([]io.Closer, 0, warm)
+	for range warm {
 		c, err := env.db.Conn(ctx)
 		if err == nil {
 			conns = append(conns, c)
@@ -144,7 +148,11 @@ func helperCommand(t *testing.T, env *testDB, role, tenant string) *exec.Cmd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(exe, "-test.run=^TestHelperProcess$")
+	// A helper that hangs is killed, so that the test fails instead of
+	// waiting for the binary's timeout.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, exe, "-test.run=^TestHelperProcess$")
 	cmd.Env = append(os.Environ(),
 		helperRole+"="+role,
 		helperDialect+"="+env.dialect.Name(),

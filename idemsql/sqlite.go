@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"strings"
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
@@ -34,8 +35,10 @@ const (
 //   - foreign_keys on, as applications expect.
 //   - a pool of SQLiteMaxOpenConns connections: SQLite has one writer at a
 //     time, so more connections only add waiters polling the busy handler
-//     (and risk its timeout), while a few let reads and the lease heartbeat
-//     proceed beside a running transaction.
+//     (and risk its timeout), while a few let reads (Get, the read after a
+//     lost claim) proceed beside a running transaction. Callers beyond the
+//     pool queue in database/sql, in order and without a timeout of their
+//     own.
 //
 // The consequence of a single writer: while a handler runs inside its
 // transaction it holds the write lock, and every other write, claims of
@@ -54,8 +57,13 @@ func OpenSQLite(path string) (*sql.DB, error) {
 	q.Add("_pragma", "foreign_keys(1)")
 	q.Set("_txlock", "immediate")
 	// A file: URI, so that a path holding '?', '#' or '%' is escaped
-	// rather than cut.
-	dsn := (&url.URL{Scheme: "file", Path: path, RawQuery: q.Encode()}).String()
+	// rather than cut. Its path must be absolute: in file://dir/app.db,
+	// "dir" would be read as a host.
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("idemsql: OpenSQLite: %w", err)
+	}
+	dsn := (&url.URL{Scheme: "file", Path: filepath.ToSlash(abs), RawQuery: q.Encode()}).String()
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, err

@@ -33,6 +33,18 @@ func TestOpenSQLiteSettings(t *testing.T) {
 	if mode != "wal" || busy != idemsql.SQLiteBusyTimeout || fk != 1 {
 		t.Fatalf("journal_mode %q, busy_timeout %d, foreign_keys %d; want wal, %d, 1", mode, busy, fk, idemsql.SQLiteBusyTimeout)
 	}
+	// A relative path is relative to the working directory.
+	dir := t.TempDir()
+	t.Chdir(dir)
+	rel, err := idemsql.OpenSQLite(filepath.Join("sub", "..", "rel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel.Close()
+	if _, err := os.Stat(filepath.Join(dir, "rel.db")); err != nil {
+		t.Fatalf("relative path: %v", err)
+	}
+
 	for _, bad := range []string{"", ":memory:", "file:x.db"} {
 		if db, err := idemsql.OpenSQLite(bad); err == nil {
 			db.Close()

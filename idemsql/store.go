@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"time"
 
 	"github.com/idem-go/idem"
 )
@@ -60,7 +62,11 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		"retention":   p.Retention.Microseconds(),
 	})
 	for range claimAttempts {
-		won, err := s.claimOnce(ctx, args)
+		var won bool
+		err := s.retryDeadlock(ctx, func() (err error) {
+			won, err = s.claimOnce(ctx, args)
+			return err
+		})
 		if err != nil {
 			return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: %w", err)
 		}
@@ -108,47 +114,62 @@ func (s *Store) Begin(ctx context.Context) (idem.Tx, error) {
 
 // Extend implements idem.Store.
 func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
-	res, err := s.db.ExecContext(ctx, s.d.extend.text, s.d.extend.args(map[string]any{
+	args := s.d.extend.args(map[string]any{
 		"tenant": p.Tenant, "key": p.Key, "token": p.Token, "lease": p.Lease.Microseconds(),
-	})...)
+	})
+	var res sql.Result
+	err := s.retryDeadlock(ctx, func() (err error) {
+		res, err = s.db.ExecContext(ctx, s.d.extend.text, args...)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("idemsql: extend: %w", err)
 	}
-	return s.fenced(ctx, s.db, res, p.Tenant, p.Key, p.Token)
+	err = fenced(res)
+	if errors.Is(err, idem.ErrLeaseLost) && s.d.changedRows {
+		return s.stillHeld(ctx, p.Tenant, p.Key, p.Token)
+	}
+	return err
 }
 
-// fenced turns the result of a statement fenced by (tenant, key, token,
-// in flight) into nil or idem.ErrLeaseLost.
-func (s *Store) fenced(ctx context.Context, q querier, res sql.Result, tenant, key string, token int64) error {
+// fenced turns the rows affected by a statement fenced by (tenant, key,
+// token, in flight) into nil or idem.ErrLeaseLost.
+func fenced(res sql.Result) error {
 	n, err := res.RowsAffected()
 	if err != nil {
 		return fmt.Errorf("idemsql: rows affected: %w", err)
 	}
-	if n > 0 {
-		return nil
+	if n == 0 {
+		return idem.ErrLeaseLost
 	}
-	if s.d.changedRows {
-		// Zero may mean "matched but already so" (an extension within the
-		// same microsecond as the last one): ask.
-		var one int
-		err := q.QueryRowContext(ctx, s.d.held.text, s.d.held.args(map[string]any{
-			"tenant": tenant, "key": key, "token": token,
-		})...).Scan(&one)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("idemsql: %w", err)
-		}
+	return nil
+}
+
+// stillHeld settles an Extend that changed no row where rows affected
+// count changed rows (MySQL): it may have matched a lease already ending
+// at that instant (two extensions within one microsecond). It runs outside
+// any transaction, so it reads the latest committed row.
+func (s *Store) stillHeld(ctx context.Context, tenant, key string, token int64) error {
+	var one int
+	err := s.db.QueryRowContext(ctx, s.d.held.text, s.d.held.args(map[string]any{
+		"tenant": tenant, "key": key, "token": token,
+	})...).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.ErrLeaseLost
 	}
-	return idem.ErrLeaseLost
+	if err != nil {
+		return fmt.Errorf("idemsql: extend: %w", err)
+	}
+	return nil
 }
 
 // Release implements idem.Store.
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
-	_, err := s.db.ExecContext(ctx, s.d.release.text, s.d.release.args(map[string]any{
-		"tenant": p.Tenant, "key": p.Key, "token": p.Token,
-	})...)
+	args := s.d.release.args(map[string]any{"tenant": p.Tenant, "key": p.Key, "token": p.Token})
+	err := s.retryDeadlock(ctx, func() error {
+		_, err := s.db.ExecContext(ctx, s.d.release.text, args...)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("idemsql: release: %w", err)
 	}
@@ -176,7 +197,16 @@ func (s *Store) Purge(ctx context.Context, p idem.PurgeParams) (int, error) {
 	if limit <= 0 {
 		limit = defaultPurgeLimit
 	}
-	args := s.d.purge.args(map[string]any{"limit": int64(limit)})
+	var n int
+	err := s.retryDeadlock(ctx, func() (err error) {
+		n, err = s.purgeOnce(ctx, int64(limit))
+		return err
+	})
+	return n, err
+}
+
+func (s *Store) purgeOnce(ctx context.Context, limit int64) (int, error) {
+	args := s.d.purge.args(map[string]any{"limit": limit})
 	if !s.d.purgeInTx {
 		res, err := s.db.ExecContext(ctx, s.d.purge.text, args...)
 		return purged(res, err)
@@ -207,10 +237,28 @@ func purged(res sql.Result, err error) (int, error) {
 	return int(n), nil
 }
 
-// querier is what *sql.DB and *sql.Tx have in common.
-type querier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+// deadlockAttempts bounds the runs of a statement that the database keeps
+// choosing as a deadlock victim.
+const deadlockAttempts = 5
+
+// retryDeadlock runs fn again, after a short random pause, when it failed
+// with an error the dialect's deadlock says is safe to retry: the
+// statement's transaction was rolled back whole.
+func (s *Store) retryDeadlock(ctx context.Context, fn func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := fn()
+		if err == nil || s.d.deadlock == nil || !s.d.deadlock(err) || attempt == deadlockAttempts {
+			return err
+		}
+		// The two sides of a deadlock would meet again if they retried
+		// in step.
+		pause := time.Duration(rand.Int64N(int64(attempt) * int64(5*time.Millisecond)))
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+	}
 }
 
 // nullBytes stores an empty fingerprint or body as NULL, which reads back

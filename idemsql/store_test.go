@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemsql"
 )
 
 const (
@@ -293,6 +294,9 @@ func TestEngine(t *testing.T) {
 			engines[i] = e
 		}
 		op := idem.Operation{Tenant: newName("tenant"), Key: "order-1", Fingerprint: []byte("POST /orders")}
+		if tx := idemsql.Tx(ctx); tx != nil {
+			t.Fatalf("idemsql.Tx outside an execution = %v, want nil", tx)
+		}
 
 		// A failing handler leaves neither the row nor the record.
 		failed := newName("order")

@@ -62,8 +62,10 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p idem.CompleteParam
 		return fmt.Errorf("idemsql: complete: %w", err)
 	}
 	// The completion always changes state, so rows affected are exact on
-	// every dialect; fenced only asks again on a zero.
-	return s.fenced(ctx, tx, res, p.Tenant, p.Key, p.Token)
+	// every dialect, MySQL's changed-rows count included. (Asking again with
+	// a SELECT would be wrong here: inside tx it could read the snapshot
+	// from before a takeover.)
+	return fenced(res)
 }
 
 // unitOfWork is the idem.Tx of a Store: one database transaction.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -32,6 +33,13 @@ type Config struct {
 	// KeyFunc returns the id of a delivery. Defaults to DefaultKey.
 	KeyFunc func(d amqp.Delivery) (string, error)
 
+	// ObserveFunc, when set, is called for every keyed delivery once the
+	// inbox has decided, after any commit and before the acknowledgement,
+	// with the decision and its error: for metrics, tracing or tests
+	// (a crash here is a crash between commit and ack). It must not
+	// acknowledge the delivery.
+	ObserveFunc func(d amqp.Delivery, dec ideminbox.Decision, err error)
+
 	// Logger receives a line for every delivery that was not simply acked
 	// (failures, poison, in flight, acknowledgement errors). Defaults to
 	// the inbox's logger.
@@ -47,10 +55,7 @@ type Consumer struct {
 	keyFunc func(amqp.Delivery) (string, error)
 	logger  *slog.Logger
 
-	// afterCommit, set by tests, runs after Process and before the
-	// acknowledgement: the window a crash must hit to leave a processed
-	// message unacknowledged.
-	afterCommit func(d amqp.Delivery, dec ideminbox.Decision)
+	observe func(amqp.Delivery, ideminbox.Decision, error)
 }
 
 // New returns a consumer running handler through inbox. A nil config means
@@ -62,6 +67,9 @@ func New(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*Consumer
 	c := &Consumer{inbox: inbox, handler: handler, keyFunc: DefaultKey, logger: inbox.Config().Logger}
 	if config != nil && config.KeyFunc != nil {
 		c.keyFunc = config.KeyFunc
+	}
+	if config != nil {
+		c.observe = config.ObserveFunc
 	}
 	if config != nil && config.Logger != nil {
 		c.logger = config.Logger
@@ -117,61 +125,76 @@ func Attempt(d amqp.Delivery) int {
 
 // Handle processes one delivery and acknowledges it according to the
 // inbox's decision, after the commit. For a Nack it holds the delivery for
-// the decision's delay (less if ctx ends) before requeueing it. It returns
-// the decision and the error that explains it (see
-// ideminbox.Inbox.Process), or the error of the acknowledgement.
+// the decision's delay (less if ctx ends) before requeueing it: RabbitMQ
+// has no delayed requeue. It returns the decision and the error that
+// explains it (see ideminbox.Inbox.Process), or the error of the
+// acknowledgement.
 func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) (ideminbox.Decision, error) {
-	return c.handle(ctx, ctx, d)
+	dec, err := c.decide(ctx, d)
+	if dec.Action == ideminbox.Nack {
+		err = errors.Join(err, c.requeue(ctx, d, dec.Delay))
+	}
+	return dec, err
 }
 
-// handle is Handle with the Nack delay bounded by waitCtx, so that a
-// shutting-down Consume requeues a held delivery at once while the work in
-// hand (under ctx) still runs to its end.
-func (c *Consumer) handle(ctx, waitCtx context.Context, d amqp.Delivery) (ideminbox.Decision, error) {
+// decide runs the inbox and sends every acknowledgement but a Nack, which
+// it leaves to the caller.
+func (c *Consumer) decide(ctx context.Context, d amqp.Delivery) (ideminbox.Decision, error) {
 	id, err := c.keyFunc(d)
 	if err != nil {
 		// Running it without a key would be the silent pass the inbox
 		// exists to prevent; requeueing it would loop forever.
-		return ideminbox.Decision{Action: ideminbox.Reject}, errors.Join(err, d.Reject(false))
+		return ideminbox.Decision{Action: ideminbox.Reject}, errors.Join(err, ackError(ideminbox.Reject, d.Reject(false)))
 	}
 	msg := ideminbox.Message{ID: id, Attempt: Attempt(d), Subject: d.RoutingKey, Data: d.Body, Raw: d}
 	dec, err := c.inbox.Process(ctx, msg, func(ctx context.Context) error { return c.handler(ctx, d) })
-	if c.afterCommit != nil {
-		c.afterCommit(d, dec)
+	if c.observe != nil {
+		c.observe(d, dec, err)
 	}
-	var ackErr error
 	switch dec.Action {
 	case ideminbox.Ack, ideminbox.AckDuplicate, ideminbox.AckPoison:
-		ackErr = d.Ack(false)
-	case ideminbox.Nack:
-		if dec.Delay > 0 {
-			t := time.NewTimer(dec.Delay)
-			select {
-			case <-t.C:
-			case <-waitCtx.Done():
-				t.Stop()
-			}
-		}
-		ackErr = d.Nack(false, true)
+		err = errors.Join(err, ackError(dec.Action, d.Ack(false)))
 	case ideminbox.Reject:
-		ackErr = d.Reject(false)
+		err = errors.Join(err, ackError(dec.Action, d.Reject(false)))
 	}
-	if ackErr != nil {
-		// Nothing is lost: an unacknowledged delivery returns to the queue
-		// when the channel closes, and the inbox recognises it if it was
-		// processed.
-		ackErr = fmt.Errorf("idemamqp: %s: %w", dec.Action, ackErr)
-	}
-	return dec, errors.Join(err, ackErr)
+	return dec, err
 }
 
-// Consume runs Handle for every delivery until ctx ends (then it returns
-// nil) or deliveries closes (then ErrClosed). Deliveries are handled one at
-// a time; the message in hand when ctx ends still runs to its commit and
-// ack. Open deliveries with autoAck false, and a prefetch (Channel.Qos)
-// small enough that messages do not wait long behind a held Nack.
+// requeue holds d for delay, or until waitCtx ends, then requeues it.
+func (c *Consumer) requeue(waitCtx context.Context, d amqp.Delivery, delay time.Duration) error {
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-waitCtx.Done():
+			t.Stop()
+		}
+	}
+	return ackError(ideminbox.Nack, d.Nack(false, true))
+}
+
+func ackError(a ideminbox.Action, err error) error {
+	if err == nil {
+		return nil
+	}
+	// Nothing is lost: an unacknowledged delivery returns to the queue when
+	// the channel closes, and the inbox recognises it if it was processed.
+	return fmt.Errorf("idemamqp: %s: %w", a, err)
+}
+
+// Consume runs every delivery through the inbox until ctx ends (then it
+// returns nil) or deliveries closes (then ErrClosed). Deliveries are
+// processed one at a time; the one in hand when ctx ends still runs to its
+// commit and ack. A delivery to requeue after a delay is held aside while
+// the next ones are processed, and requeued at once when Consume returns.
+// Open deliveries with autoAck false; the channel's prefetch (Channel.Qos)
+// bounds how many deliveries may be held.
 func (c *Consumer) Consume(ctx context.Context, deliveries <-chan amqp.Delivery) error {
 	work := context.WithoutCancel(ctx)
+	held, release := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer release()
 	for {
 		select {
 		case <-ctx.Done():
@@ -180,8 +203,18 @@ func (c *Consumer) Consume(ctx context.Context, deliveries <-chan amqp.Delivery)
 			if !ok {
 				return ErrClosed
 			}
-			dec, err := c.handle(work, ctx, d)
+			dec, err := c.decide(work, d)
 			c.log(ctx, d, dec, err)
+			if dec.Action != ideminbox.Nack {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := c.requeue(held, d, dec.Delay); err != nil {
+					c.log(ctx, d, dec, err)
+				}
+			}()
 		}
 	}
 }

@@ -3,6 +3,7 @@ package idemamqp
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -16,6 +17,9 @@ import (
 	"github.com/idem-go/idem/ideminbox/internal/inboxtest"
 	"github.com/idem-go/idem/internal/testenv"
 )
+
+// soak scales the duplicates test up: go test ./ideminbox/... -args -soak
+var soak = flag.Bool("soak", false, "run the duplicates tests with thousands of messages")
 
 // quiet drops the logs of the many failures the tests cause on purpose.
 var quiet = slog.New(slog.DiscardHandler)
@@ -124,18 +128,22 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 		be.mu.Unlock()
 		return handler(ctx, d)
 	}
-	c, err := New(inbox, counted, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	in := &instance{conn: conn, inbox: inbox, done: make(chan error, 1)}
-	c.afterCommit = func(d amqp.Delivery, dec ideminbox.Decision) {
+	observed := Config{}
+	if cfg != nil {
+		observed = *cfg
+	}
+	observed.ObserveFunc = func(d amqp.Delivery, dec ideminbox.Decision, _ error) {
 		be.mu.Lock()
 		be.decisions[d.MessageId] = append(be.decisions[d.MessageId], dec.Action)
 		be.mu.Unlock()
 		if hook != nil {
 			hook(in, d, dec)
 		}
+	}
+	c, err := New(inbox, counted, &observed)
+	if err != nil {
+		t.Fatal(err)
 	}
 	deliveries, err := ch.Consume(be.queue, "", false, false, false, false, nil)
 	if err != nil {
@@ -164,7 +172,7 @@ func (in *instance) stop() {
 // waitFor waits until cond holds, with be.mu held while it runs.
 func (be *bench) waitFor(what string, cond func() bool) {
 	be.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(patience())
 	for !be.locked(cond) {
 		if time.Now().After(deadline) {
 			be.t.Fatalf("timed out waiting for: %s", what)
@@ -243,7 +251,10 @@ func orderIDs(n int) []string {
 // concurrent publishers, consumed by two competing instances: N effects.
 func TestDuplicatesCompetingInstances(t *testing.T) {
 	forEach(t, func(t *testing.T, be *bench) {
-		const n, copies = 40, 3
+		n, copies := 40, 3
+		if *soak {
+			n, copies = 2000, 4
+		}
 		ids := orderIDs(n)
 		be.start(nil, nil, effect(be.b), nil)
 		be.start(nil, nil, effect(be.b), nil)
@@ -328,9 +339,13 @@ func TestKilledBetweenCommitAndAck(t *testing.T) {
 					return false
 				}
 			}
-			return be.count(killed, ideminbox.AckDuplicate) > 0
+			// The killed delivery came back and was decided again.
+			return be.count(killed, ideminbox.Ack)+be.count(killed, ideminbox.AckDuplicate) >= 2
 		})
 		exactlyOnce(t, be.b, ids)
+		if n := be.count(killed, ideminbox.AckDuplicate); n != 1 {
+			t.Errorf("the redelivery of %s was acked as a duplicate %d times, want 1: %v", killed, n, be.decisions[killed])
+		}
 		if be.calls[killed] != 1 {
 			t.Errorf("handler ran %d times for %s", be.calls[killed], killed)
 		}
@@ -517,4 +532,13 @@ func TestAttempt(t *testing.T) {
 			t.Errorf("Attempt(%v) = %d, want %d", tc.headers, got, tc.want)
 		}
 	}
+}
+
+// patience bounds every wait for the brokers: generous, since a loaded
+// machine is slow, and more so for the soak.
+func patience() time.Duration {
+	if *soak {
+		return 15 * time.Minute
+	}
+	return time.Minute
 }

@@ -24,6 +24,13 @@ type Config struct {
 	// KeyFunc returns the id of a message. Defaults to DefaultKey.
 	KeyFunc func(msg jetstream.Msg) (string, error)
 
+	// ObserveFunc, when set, is called for every keyed delivery once the
+	// inbox has decided, after any commit and before the acknowledgement,
+	// with the decision and its error: for metrics, tracing or tests
+	// (a crash here is a crash between commit and ack). It must not
+	// acknowledge the delivery.
+	ObserveFunc func(msg jetstream.Msg, d ideminbox.Decision, err error)
+
 	// Logger receives a line for every delivery that was not simply acked
 	// (failures, poison, in flight, acknowledgement errors). Defaults to
 	// the inbox's logger.
@@ -39,10 +46,7 @@ type Consumer struct {
 	keyFunc func(jetstream.Msg) (string, error)
 	logger  *slog.Logger
 
-	// afterCommit, set by tests, runs after Process and before the
-	// acknowledgement: the window a crash must hit to leave a processed
-	// message unacknowledged.
-	afterCommit func(msg jetstream.Msg, d ideminbox.Decision)
+	observe func(jetstream.Msg, ideminbox.Decision, error)
 }
 
 // New returns a consumer running handler through inbox. A nil config means
@@ -54,6 +58,9 @@ func New(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*Consumer
 	c := &Consumer{inbox: inbox, handler: handler, keyFunc: DefaultKey, logger: inbox.Config().Logger}
 	if config != nil && config.KeyFunc != nil {
 		c.keyFunc = config.KeyFunc
+	}
+	if config != nil {
+		c.observe = config.ObserveFunc
 	}
 	if config != nil && config.Logger != nil {
 		c.logger = config.Logger
@@ -91,8 +98,8 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (ideminbox.Dec
 		m.Attempt = int(min(md.NumDelivered, 1<<31-1))
 	}
 	d, err := c.inbox.Process(ctx, m, func(ctx context.Context) error { return c.handler(ctx, msg) })
-	if c.afterCommit != nil {
-		c.afterCommit(msg, d)
+	if c.observe != nil {
+		c.observe(msg, d, err)
 	}
 	var ackErr error
 	switch d.Action {

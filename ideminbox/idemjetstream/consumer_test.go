@@ -3,6 +3,7 @@ package idemjetstream
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -67,6 +68,9 @@ func newBench(t *testing.T, b *inboxtest.Backend, cc jetstream.ConsumerConfig) *
 		decisions: map[string][]ideminbox.Action{}, calls: map[string]int{}}
 }
 
+// soak scales the duplicates test up: go test ./ideminbox/... -args -soak
+var soak = flag.Bool("soak", false, "run the duplicates tests with thousands of messages")
+
 // quiet drops the logs of the many failures the tests cause on purpose.
 var quiet = slog.New(slog.DiscardHandler)
 
@@ -125,12 +129,12 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 		be.mu.Unlock()
 		return handler(ctx, msg)
 	}
-	c, err := New(inbox, counted, cfg)
-	if err != nil {
-		t.Fatal(err)
+	in := &instance{nc: nc, inbox: inbox, done: make(chan error, 1)}
+	observed := Config{}
+	if cfg != nil {
+		observed = *cfg
 	}
-	in := &instance{nc: nc, inbox: inbox, c: c, done: make(chan error, 1)}
-	c.afterCommit = func(msg jetstream.Msg, d ideminbox.Decision) {
+	observed.ObserveFunc = func(msg jetstream.Msg, d ideminbox.Decision, _ error) {
 		k, _ := id(msg)
 		be.mu.Lock()
 		be.decisions[k] = append(be.decisions[k], d.Action)
@@ -139,6 +143,11 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 			hook(in, msg, d)
 		}
 	}
+	c, err := New(inbox, counted, &observed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.c = c
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +180,7 @@ func (be *bench) drained() {
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(patience())
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for: %s", what)
@@ -243,7 +252,10 @@ func orderIDs(n int) []string {
 func TestDuplicatesCompetingInstances(t *testing.T) {
 	inboxtest.ForEach(t, func(t *testing.T, b *inboxtest.Backend) {
 		be := newBench(t, b, jetstream.ConsumerConfig{})
-		const n, copies = 40, 3
+		n, copies := 40, 3
+		if *soak {
+			n, copies = 2000, 4
+		}
 		ids := orderIDs(n)
 		keyed := &Config{KeyFunc: id}
 		be.start(nil, keyed, effect(b), nil)
@@ -266,7 +278,7 @@ func TestDuplicatesCompetingInstances(t *testing.T) {
 		}
 		close(start)
 		wg.Wait()
-		if info, err := be.stream.Info(context.Background()); err != nil || info.State.Msgs != n*copies {
+		if info, err := be.stream.Info(context.Background()); err != nil || info.State.Msgs != uint64(n*copies) {
 			t.Fatalf("stream holds %v messages (%v), want %d", info.State.Msgs, err, n*copies)
 		}
 		be.drained()
@@ -458,4 +470,13 @@ func TestConsumeRefusesLowMaxDeliver(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "MaxDeliver 3") {
 		t.Fatalf("Consume: %v", err)
 	}
+}
+
+// patience bounds every wait for the brokers: generous, since a loaded
+// machine is slow, and more so for the soak.
+func patience() time.Duration {
+	if *soak {
+		return 15 * time.Minute
+	}
+	return time.Minute
 }

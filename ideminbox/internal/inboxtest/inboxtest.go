@@ -9,6 +9,7 @@ package inboxtest
 
 import (
 	"context"
+	"os"
 	"sync"
 	"testing"
 
@@ -29,6 +30,33 @@ type Backend struct {
 	Insert func(ctx context.Context, table, id, note string) error
 	// Rows returns table's ids, one per row.
 	Rows func(t testing.TB, table string) []string
+
+	dsn string // the database, for a child process (see Env)
+}
+
+// Environment variables that pass a backend to a child process.
+const (
+	envBackend = "IDEMINBOX_TEST_BACKEND"
+	envDSN     = "IDEMINBOX_TEST_DSN"
+)
+
+// Env returns the environment that lets a child process reopen the
+// backend's database with FromEnv.
+func (b *Backend) Env() []string {
+	return []string{envBackend + "=" + b.Name, envDSN + "=" + b.dsn}
+}
+
+// FromEnv reopens, in a child process, the database of the backend that
+// Env described, or returns nil when the environment names none.
+func FromEnv(t testing.TB) *Backend {
+	dsn := os.Getenv(envDSN)
+	switch os.Getenv(envBackend) {
+	case "sqlite":
+		return sqliteAt(t, dsn, false)
+	case "postgres":
+		return postgresAt(t, dsn, false)
+	}
+	return nil
 }
 
 // Tables every backend creates.

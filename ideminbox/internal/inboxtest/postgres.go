@@ -13,7 +13,10 @@ import (
 
 // Postgres returns a backend on a fresh PostgreSQL schema, with idempg.
 func Postgres(t testing.TB) *Backend {
-	url := testenv.PostgresSchema(t)
+	return postgresAt(t, testenv.PostgresSchema(t), true)
+}
+
+func postgresAt(t testing.TB, url string, create bool) *Backend {
 	open := func(t testing.TB) *pgxpool.Pool {
 		pool, err := pgxpool.New(context.Background(), url)
 		if err != nil {
@@ -27,13 +30,16 @@ func Postgres(t testing.TB) *Backend {
 	if err := idempg.Migrate(ctx, pool); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	for _, table := range []string{Effects, DeadLetters} {
-		if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (seq bigserial PRIMARY KEY, id text NOT NULL, note text NOT NULL)`); err != nil {
-			t.Fatalf("create %s: %v", table, err)
+	if create {
+		for _, table := range []string{Effects, DeadLetters} {
+			if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (seq bigserial PRIMARY KEY, id text NOT NULL, note text NOT NULL)`); err != nil {
+				t.Fatalf("create %s: %v", table, err)
+			}
 		}
 	}
 	return &Backend{
 		Name:          "postgres",
+		dsn:           url,
 		Transactional: true,
 		NewStore:      func(t testing.TB) idem.Store { return idempg.New(open(t)) },
 		Insert: func(ctx context.Context, table, id, note string) error {

@@ -15,7 +15,10 @@ import (
 // NewStore opens the file again, with its own pool, as another process
 // would.
 func SQLite(t testing.TB) *Backend {
-	path := filepath.Join(t.TempDir(), "inbox.db")
+	return sqliteAt(t, filepath.Join(t.TempDir(), "inbox.db"), true)
+}
+
+func sqliteAt(t testing.TB, path string, create bool) *Backend {
 	open := func(t testing.TB) *sql.DB {
 		db, err := idemsql.OpenSQLite(path)
 		if err != nil {
@@ -26,16 +29,19 @@ func SQLite(t testing.TB) *Backend {
 	}
 	db := open(t)
 	ctx := context.Background()
+	if create {
+		for _, table := range []string{Effects, DeadLetters} {
+			if _, err := db.ExecContext(ctx, `CREATE TABLE `+table+` (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, note TEXT NOT NULL)`); err != nil {
+				t.Fatalf("create %s: %v", table, err)
+			}
+		}
+	}
 	if err := idemmigrate.Migrate(ctx, db, idemmigrate.SQLite); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	for _, table := range []string{Effects, DeadLetters} {
-		if _, err := db.ExecContext(ctx, `CREATE TABLE `+table+` (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, note TEXT NOT NULL)`); err != nil {
-			t.Fatalf("create %s: %v", table, err)
-		}
-	}
 	return &Backend{
 		Name:          "sqlite",
+		dsn:           path,
 		Transactional: true,
 		NewStore:      func(t testing.TB) idem.Store { return idemsql.New(open(t), idemsql.SQLite) },
 		Insert: func(ctx context.Context, table, id, note string) error {

@@ -1,0 +1,98 @@
+package idemamqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idem-go/idem/ideminbox"
+	"github.com/idem-go/idem/ideminbox/internal/inboxtest"
+	"github.com/idem-go/idem/internal/testenv"
+)
+
+const envQueue = "IDEMINBOX_TEST_QUEUE"
+
+// A consumer process exits (os.Exit, no clean-up, its TCP connection just
+// drops) right after a commit, before the ack. RabbitMQ requeues the
+// delivery; a consumer in another process, on the same database,
+// recognises it: one effect.
+func TestProcessKilledBetweenCommitAndAck(t *testing.T) {
+	forEach(t, func(t *testing.T, be *bench) {
+		ids := orderIDs(10)
+		for _, k := range ids {
+			be.publish(k, k)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashingConsumerProcess$", "-test.count=1")
+		cmd.Env = append(append(os.Environ(), be.b.Env()...), envQueue+"="+be.queue)
+		out, err := cmd.Output()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 3 {
+			t.Fatalf("the consumer process did not crash as planned: %v\n%s", err, out)
+		}
+		m := regexp.MustCompile(`(?m)^crashed after committing (\S+)$`).FindSubmatch(out)
+		if m == nil {
+			t.Fatalf("the consumer process did not say what it committed:\n%s", out)
+		}
+		killed := string(m[1])
+
+		be.start(nil, nil, effect(be.b), nil)
+		be.settle("every message acknowledged", func() bool {
+			for _, k := range ids {
+				if be.count(k, ideminbox.Ack)+be.count(k, ideminbox.AckDuplicate) == 0 {
+					return false
+				}
+			}
+			return true
+		})
+		exactlyOnce(t, be.b, ids)
+		if be.count(killed, ideminbox.AckDuplicate) != 1 || be.calls[killed] != 0 {
+			t.Errorf("%s, committed by the crashed process: decisions %v, %d runs here; want one duplicate ack and no run",
+				killed, be.decisions[killed], be.calls[killed])
+		}
+	})
+}
+
+// TestCrashingConsumerProcess is the consumer process of
+// TestProcessKilledBetweenCommitAndAck, which starts it with the
+// environment naming its database and queue. It exits with status 3 after
+// its first commit, before the ack.
+func TestCrashingConsumerProcess(t *testing.T) {
+	b := inboxtest.FromEnv(t)
+	if b == nil {
+		t.Skip("started by TestProcessKilledBetweenCommitAndAck only")
+	}
+	conn, err := amqp.Dial(testenv.AMQPURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(os.Getenv(envQueue), "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(inbox, effect(b), &Config{ObserveFunc: func(d amqp.Delivery, dec ideminbox.Decision, err error) {
+		if dec.Action == ideminbox.Ack {
+			fmt.Printf("crashed after committing %s\n", d.MessageId)
+			os.Exit(3)
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), patience())
+	defer cancel()
+	t.Fatalf("no message committed: %v", c.Consume(ctx, deliveries))
+}
