@@ -81,6 +81,7 @@ func (c *Config) withDefaults() Config {
 type Engine struct {
 	store  Store
 	config Config
+	keeper *keeper // nil when the heartbeat is off
 }
 
 // NewEngine returns an engine over store. A nil config means every default.
@@ -88,7 +89,11 @@ func NewEngine(store Store, config *Config) (*Engine, error) {
 	if store == nil {
 		return nil, errors.New("idem: NewEngine needs a Store")
 	}
-	return &Engine{store: store, config: config.withDefaults()}, nil
+	e := &Engine{store: store, config: config.withDefaults()}
+	if e.config.Heartbeat > 0 {
+		e.keeper = newKeeper(store, e.config.Heartbeat, e.config.Logger)
+	}
+	return e, nil
 }
 
 // Store returns the engine's store.
@@ -184,27 +189,26 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, fn func(ctx
 	// Through a closure, so that the second unit of work RollbackWrites
 	// opens below is ended too. Harmless after Complete; errors are
 	// reported by Complete.
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	cleanupCtx := context.WithoutCancel(ctx)
+	defer func() { _ = tx.Rollback(cleanupCtx) }()
 
 	runCtx := tx.Context(ctx)
-	var hb *heartbeat
-	if e.config.Heartbeat > 0 {
+	var held *lease
+	if e.keeper != nil {
 		var cancel context.CancelCauseFunc
 		runCtx, cancel = context.WithCancelCause(runCtx)
 		defer cancel(nil)
-		hb = e.startHeartbeat(op, token, cancel)
+		held = e.keeper.add(op, token, e.config.Lease, cancel)
 	}
 
 	res, err := callHandler(runCtx, fn)
-	if hb != nil {
-		hb.stop()
-	}
+	leaseLost := held != nil && e.keeper.remove(held)
 	if err == nil {
 		err = ctx.Err()
 	}
 	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		if hb != nil && hb.lost() {
+		_ = tx.Rollback(cleanupCtx)
+		if leaseLost {
 			// The handler saw its context end because the heartbeat found
 			// the lease taken over: report that, not the cancellation.
 			return Outcome{}, ErrLeaseLost

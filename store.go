@@ -13,6 +13,10 @@ import (
 // (SQL now(), Redis TIME), never by the caller's, so that application
 // servers with drifting clocks agree.
 //
+// Stores must not keep the slices they are given (ClaimParams.Fingerprint,
+// CompleteParams.Result.Body and Header): callers such as idemhttp reuse
+// their buffers once the call returns. Copy or encode them.
+//
 // # Stability
 //
 // The interface may gain methods in minor versions until v1; stores outside

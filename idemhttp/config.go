@@ -117,6 +117,16 @@ type Config struct {
 	// middleware in front, or set this.
 	ReleaseOn5xx bool
 
+	// FinishAfterDisconnect lets an execution run to completion, and store
+	// its result, when its client goes away mid-request (the request's
+	// context is cancelled): the client's retry then meets it in flight
+	// (409) and, once it completed, gets the replay, the way Stripe
+	// behaves. The handler then runs on a context that is not cancelled
+	// with the request, so bound its work with its own timeouts.
+	// Defaults to false, the contract's rule: a cancelled request rolls
+	// back, releases the key, and the retry runs again.
+	FinishAfterDisconnect bool
+
 	// Mode says what is stored. Defaults to idem.ModeResponse. In
 	// idem.ModeReference a 2xx or 3xx response stores only its status and
 	// the reference the handler gave to SetReference; in idem.ModeMarker

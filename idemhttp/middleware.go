@@ -112,8 +112,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		Key:         key,
 		Fingerprint: fingerprint(body.fingerprint[:0], r, body.bytes(), m.config.FingerprintHeaders),
 	}
+	ctx := r.Context()
+	if m.config.FinishAfterDisconnect {
+		ctx = context.WithoutCancel(ctx)
+		r = r.WithContext(ctx)
+	}
 	run := execution{m: m, w: w, r: r, body: body, next: next}
-	out, err := m.engine.Do(r.Context(), op, run.do)
+	out, err := m.engine.Do(ctx, op, run.do)
 	if run.rec != nil {
 		defer run.rec.free()
 	}

@@ -638,3 +638,33 @@ func TestOuterHeadersKept(t *testing.T) {
 		}
 	}
 }
+
+// With FinishAfterDisconnect, a client that goes away does not end the
+// execution: it completes and is stored, and the retry gets the replay
+// instead of running the operation a second time.
+func TestRequestCancelledFinishAfterDisconnect(t *testing.T) {
+	e := newEnv(t, nil)
+	b := newBlocking("finished")
+	h := e.handler(t, idemhttp.Config{FinishAfterDisconnect: true}, b)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serve(h, request(http.MethodPost, "/orders", "k1", "a").WithContext(ctx))
+	}()
+	<-b.started
+	cancel()
+	close(b.release)
+	<-done
+	rec, err := e.store.Get(t.Context(), "", "k1")
+	if err != nil || rec.State != idem.StateComplete {
+		t.Fatalf("record %+v, %v; want complete", rec, err)
+	}
+	w := serve(h, request(http.MethodPost, "/orders", "k1", "a"))
+	if w.Code != http.StatusCreated || w.Body.String() != "finished" || w.Header().Get(idemhttp.HeaderReplayed) != "true" {
+		t.Fatalf("retry got %d %q replayed=%q, want the stored 201", w.Code, w.Body.String(), w.Header().Get(idemhttp.HeaderReplayed))
+	}
+	if n := b.n.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+}

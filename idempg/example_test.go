@@ -81,7 +81,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	fmt.Println("orders:", orders)
-	// Output:
+	// Prints (run by TestExamples when the server is up):
 	// 201 {"id":1} replayed: false
 	// 201 {"id":1} replayed: true
 	// orders: 1
@@ -121,5 +121,5 @@ func ExampleStore_CompleteTx() {
 		log.Fatal(err)
 	}
 	fmt.Println(rec.State)
-	// Output: complete
+	// Prints (run by TestExamples when the server is up): complete
 }

@@ -52,7 +52,7 @@ func Example() {
 		}
 		fmt.Println(out.Result.Status, string(out.Result.Body), "replayed:", out.Replayed)
 	}
-	// Output:
+	// Prints (run by TestExamples when the server is up):
 	// creating order 42
 	// 201 {"id":42} replayed: false
 	// 201 {"id":42} replayed: true

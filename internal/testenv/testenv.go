@@ -20,6 +20,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
@@ -201,4 +202,32 @@ func withQuery(raw, key, value string) string {
 		sep = "&"
 	}
 	return raw + sep + url.QueryEscape(key) + "=" + url.QueryEscape(value)
+}
+
+// RunExample runs an Example function that needs a real server and checks
+// what it printed. Such examples carry no "// Output:" line, since go test
+// would run them unconditionally and fail on a machine without the
+// server; this runs them only after the caller's testenv check passed.
+func RunExample(t *testing.T, example func(), want string) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	done := make(chan string)
+	go func() {
+		b, _ := io.ReadAll(r)
+		done <- string(b)
+	}()
+	func() {
+		defer func() { os.Stdout = stdout }()
+		example()
+	}()
+	w.Close()
+	got := <-done
+	if strings.TrimSpace(got) != strings.TrimSpace(want) {
+		t.Errorf("example printed:\n%s\nwant:\n%s", got, want)
+	}
 }
