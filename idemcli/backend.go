@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"strings"
 
 	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
@@ -47,13 +46,7 @@ func openDB(ctx context.Context, target dbTarget, o openOptions) (*conn, error) 
 				return nil, fmt.Errorf("SQLite file %s does not exist", target.path)
 			}
 		}
-		// An absolute path: idemsql.OpenSQLite builds a file: URI, in which
-		// a relative path would read as a host name.
-		path, err := filepath.Abs(target.path)
-		if err != nil {
-			return nil, err
-		}
-		db, err := idemsql.OpenSQLite(path)
+		db, err := idemsql.OpenSQLite(target.path)
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", target.describe(), err)
 		}

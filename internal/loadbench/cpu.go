@@ -8,16 +8,17 @@ import (
 	"time"
 )
 
-// On two shared cores the throughput of every route is bound by CPU, not
-// by round trips or disk: the cost that decides a ratio is the CPU a
-// request takes, in this process and in PostgreSQL. These counters measure
-// it per phase.
+// On a small machine shared by PostgreSQL, the server and the clients,
+// throughput is bound by CPU rather than by round trips or the disk, so
+// what decides a ratio is the CPU a request takes, in this process and in
+// its PostgreSQL backends. These counters measure it per phase, and how
+// much of the machine the other tenants took meanwhile.
 
 // clockTick is the unit of /proc's times, USER_HZ, 100 on every Linux
 // architecture Go supports.
 const clockTick = 10 * time.Millisecond
 
-// cpuSample is a reading of the three CPU clocks.
+// cpuSample is a reading of the CPU clocks.
 type cpuSample struct {
 	self     time.Duration // this process: HTTP server, handlers, idem and clients
 	postgres time.Duration // the backends serving this process's pool

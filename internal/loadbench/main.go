@@ -5,13 +5,21 @@
 // create an order in a fresh schema: (a) a bare handler, in its own
 // transaction; (b) the same handler behind idemhttp on idempg, with a
 // fresh key per request; (c) the same route replaying completed keys; (d)
-// a naive check-then-write. Clients drive each for a fixed duration,
-// interleaved, round after round, and every figure is reported as a ratio
-// against (a) of the same round: on a shared machine the absolute numbers
-// drift, the ratios much less. Then every key is sent by two clients at
-// the same instant, on (d) and on (b), and the orders per key are counted.
+// a naive check-then-write; with -onetx, (e) a claim inside the business
+// transaction, for comparison; with -variant, (b') route (b) on a schema
+// altered by the given SQL.
 //
-//	go run ./internal/loadbench -duration 10s -clients 16 -rounds 3 \
+// Clients drive every scenario for a fixed duration per round, in slices
+// that alternate between the scenarios, and every figure is reported as a
+// ratio against (a) of the same round: on a shared machine the absolute
+// numbers drift, the ratios much less. Beside throughput and latency it
+// counts round trips to PostgreSQL and the CPU each request costs, here
+// and in the pool's backends, since on a small machine CPU is what bounds
+// throughput. Then every key is sent by two clients at the same instant,
+// on (d), (b) and (e), and the orders per key are counted. Last, each
+// piece of a request runs alone, serially, to price it.
+//
+//	go run ./internal/loadbench -duration 10s -clients 16 -rounds 5 \
 //	    -db postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 package main
 
@@ -53,6 +61,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured load per scenario before the first round")
 	dup := fs.Duration("dup", 5*time.Second, "duration of each duplicate-pair load; 0 skips them")
 	variantSQL := fs.String("variant", "", "SQL run on a second schema after the migrations, measured as scenario (b') beside (b); for example \"ALTER TABLE idem_keys SET (fillfactor = 50)\"")
+	withOneTx := fs.Bool("onetx", false, "also measure (e), a claim inside the business transaction (not idem's design), fresh keys and duplicate pairs")
 	only := fs.String("only", "", "comma-separated scenarios to run (a,b,b',c,d), for profiling one of them; default all")
 	costRuns := fs.Int("cost", 2000, "runs of each piece in the serial cost measurement; 0 skips it")
 	profile := fs.String("cpuprofile", "", "file for a CPU profile of the measured rounds, labelled by route (server) and scenario (clients): go tool pprof -tagfocus route=/idem/orders")
@@ -114,6 +123,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if variant != nil {
 		b.scenarios = slices.Insert(b.scenarios, 2, variantScenario)
 	}
+	if *withOneTx {
+		b.scenarios = append(b.scenarios, oneTxScenario)
+	}
 	if *only != "" {
 		ids := strings.Split(*only, ",")
 		b.scenarios = slices.DeleteFunc(b.scenarios, func(sc scenario) bool { return !slices.Contains(ids, sc.id) })
@@ -128,7 +140,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	// Warm-up: pgx's statement caches, PostgreSQL's plans and the
 	// keep-alive connections are filled before anything is measured.
 	if *warmup > 0 {
-		if _, err := b.round(ctx, 0, *warmup*time.Duration(len(b.scenarios)), *warmup); err != nil {
+		if _, err := b.round(ctx, 0, *warmup, *warmup); err != nil {
 			return fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -157,7 +169,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		phases = append(phases, ps...)
 		if *dup > 0 {
-			for _, sc := range []scenario{baseScenarios[3], baseScenarios[1]} {
+			pairScenarios := []scenario{scenarioByID("d"), scenarioByID("b")}
+			if *withOneTx {
+				pairScenarios = append(pairScenarios, oneTxScenario)
+			}
+			for _, sc := range pairScenarios {
 				d, err := b.runPairs(ctx, sc, r, *dup)
 				if err != nil {
 					return fmt.Errorf("round %d, pairs on %s: %w", r, sc.id, err)

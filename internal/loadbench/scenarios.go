@@ -19,7 +19,7 @@ import (
 
 // scenario is one of the measured loads.
 type scenario struct {
-	id     string // the letter of issue 3: a, b, c, d
+	id     string // the letter of issue 3 (a, b, c, d), or b' and e
 	name   string
 	route  string
 	replay bool // every request reuses a completed key
@@ -33,6 +33,14 @@ var baseScenarios = []scenario{
 }
 
 var variantScenario = scenario{id: "b'", name: "idem, fresh keys, -variant schema", route: routeVariant}
+
+// scenarioByID returns the base scenario named id.
+func scenarioByID(id string) scenario {
+	i := slices.IndexFunc(baseScenarios, func(sc scenario) bool { return sc.id == id })
+	return baseScenarios[i]
+}
+
+var oneTxScenario = scenario{id: "e", name: "one-transaction claim (not idem's design; -onetx)", route: routeOneTx}
 
 // requestBody is the same for every request, so that a replay's
 // fingerprint matches the execution it replays.
@@ -168,7 +176,10 @@ func (b *bench) round(ctx context.Context, r int, duration, slice time.Duration)
 	}
 	// One completed key per client, made before the clock starts, so that
 	// every measured replay request is a replay.
-	replayKeys := make([]string, b.clients)
+	var replayKeys []string
+	if slices.ContainsFunc(b.scenarios, func(sc scenario) bool { return sc.replay }) {
+		replayKeys = make([]string, b.clients)
+	}
 	for i := range replayKeys {
 		replayKeys[i] = fmt.Sprintf("replay-%s-r%d-%d", b.runID, r, i)
 		status, _, err := b.post(ctx, routeIdem, replayKeys[i])

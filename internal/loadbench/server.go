@@ -30,6 +30,9 @@ const (
 	routeNaive = "/naive/orders"
 	// routeVariant is routeIdem on a second schema changed by -variant.
 	routeVariant = "/variant/orders"
+	// routeOneTx claims inside the business transaction: not idem's
+	// design, measured with -onetx for comparison.
+	routeOneTx = "/onetx/orders"
 )
 
 // tenant is the owner of every order: in a real service it comes from
@@ -149,6 +152,10 @@ func openDatabase(ctx context.Context, url string, conns int, extraSQL string) (
 		db.close()
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
+	if _, err := db.pool.Exec(ctx, oneTxSQL); err != nil {
+		db.close()
+		return nil, err
+	}
 	if extraSQL != "" {
 		if _, err := db.pool.Exec(ctx, extraSQL); err != nil {
 			db.close()
@@ -192,8 +199,13 @@ type order struct {
 	CreatedAt  string `json:"created_at"`
 }
 
+// querier is what the business handler needs of its transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // txFunc runs fn in a transaction; each route gives its own.
-type txFunc func(ctx context.Context, fn func(pgx.Tx) error) error
+type txFunc func(ctx context.Context, fn func(querier) error) error
 
 const insertOrder = `INSERT INTO orders (tenant_id, cart_id, total_cents, idem_key)
 VALUES ($1, $2, $3, $4) RETURNING id, to_char(created_at, 'YYYY-MM-DD"T"HH24:MI:SS.USOF')`
@@ -209,7 +221,7 @@ func createOrder(inTx txFunc) http.HandlerFunc {
 		}
 		o := order{TenantID: tenant, CartID: req.CartID, TotalCents: req.TotalCents}
 		key := r.Header.Get(idemhttp.HeaderKey)
-		err := inTx(r.Context(), func(tx pgx.Tx) error {
+		err := inTx(r.Context(), func(tx querier) error {
 			return tx.QueryRow(r.Context(), insertOrder, tenant, req.CartID, req.TotalCents, key).
 				Scan(&o.ID, &o.CreatedAt)
 		})
@@ -230,8 +242,8 @@ func createOrder(inTx txFunc) http.HandlerFunc {
 // it is not nil.
 func newMux(db, variant *database) (*http.ServeMux, error) {
 	pool := db.pool
-	own := func(ctx context.Context, fn func(pgx.Tx) error) error {
-		return pgx.BeginFunc(ctx, pool, fn)
+	own := func(ctx context.Context, fn func(querier) error) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return fn(tx) })
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST "+routeBare, createOrder(own))
@@ -241,6 +253,7 @@ func newMux(db, variant *database) (*http.ServeMux, error) {
 	}
 	mux.Handle("POST "+routeIdem, idemOrders)
 	mux.Handle("POST "+routeNaive, naive(pool, createOrder(own)))
+	mux.Handle("POST "+routeOneTx, oneTx(pool, createOrder(oneTxQuerier)))
 	if variant != nil {
 		h, err := idemRoute(variant.pool)
 		if err != nil {
@@ -264,7 +277,7 @@ func idemRoute(pool *pgxpool.Pool) (http.Handler, error) {
 	}
 	// Under idemhttp the transaction belongs to the engine: the handler
 	// writes through it and never commits.
-	engineTx := func(ctx context.Context, fn func(pgx.Tx) error) error {
+	engineTx := func(ctx context.Context, fn func(querier) error) error {
 		return fn(idempg.Tx(ctx))
 	}
 	return mw.Handler(createOrder(engineTx)), nil

@@ -21,7 +21,7 @@ func TestInvariants(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, db *database) {
 		w := newWorkload(t, db)
 		w.run(t, func(n int) bool { return n < 100 })
-		t.Log(w.check(t))
+		t.Logf("%s: %v", db.name, w.check(t))
 	})
 }
 
@@ -37,7 +37,7 @@ func TestInvariantSoak(t *testing.T) {
 		w := newWorkload(t, db)
 		end := time.Now().Add(*soakFlag)
 		w.run(t, func(int) bool { return time.Now().Before(end) })
-		t.Log(w.check(t))
+		t.Logf("%s: %v", db.name, w.check(t))
 	})
 }
 
