@@ -136,6 +136,7 @@ func describeJSONError(err error) error {
 }
 
 func (a *ordersApp) create(w http.ResponseWriter, r *http.Request) {
+	injectFault(r.Context(), faultAfterClaim) // test-only crash injection (faults.go); off unless IDEM_FAULT is set
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
 			writeDemoProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
@@ -182,6 +183,7 @@ func (a *ordersApp) create(w http.ResponseWriter, r *http.Request) {
 		a.internalError(w, r, "insert order", err)
 		return
 	}
+	injectFault(ctx, faultAfterWrite) // test-only (faults.go): the order is written, not committed
 	w.Header().Set("Location", "/orders/"+o.ID)
 	writeJSON(w, http.StatusCreated, o)
 }

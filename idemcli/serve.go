@@ -204,6 +204,7 @@ func (c *Serve) Run(ctx context.Context, opts *ServeOpts) error {
 	}
 	defer s.conn.Close() //nolint:errcheck // nothing left to do with a close error at exit
 
+	s.handler = withFaults(s.handler, logger) // test-only crash injection (faults.go): returns s.handler itself unless IDEM_FAULT is set
 	ln, err := net.Listen("tcp", opts.Addr)
 	if err != nil {
 		return err
