@@ -4,34 +4,18 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/internal/atonce"
 )
 
 // atOnce runs fn(0) … fn(n-1) on n goroutines released together by one
-// barrier, and waits for all of them.
-func atOnce(n int, fn func(i int)) {
-	var ready, done sync.WaitGroup
-	start := make(chan struct{})
-	ready.Add(n)
-	done.Add(n)
-	for i := range n {
-		go func() {
-			defer done.Done()
-			ready.Done()
-			<-start
-			fn(i)
-		}()
-	}
-	ready.Wait()
-	close(start)
-	done.Wait()
-}
+// barrier.
+var atOnce = atonce.Run
 
 func newEngine(t *testing.T, store idem.Store, cfg *idem.Config) *idem.Engine {
 	t.Helper()

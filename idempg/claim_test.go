@@ -3,34 +3,18 @@ package idempg_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/internal/atonce"
 )
 
 // atOnce runs fn(0) … fn(n-1) on n goroutines released together by one
-// barrier, and returns when all have returned. fn must not call t.Fatal.
-func atOnce(n int, fn func(i int)) {
-	var ready, done sync.WaitGroup
-	start := make(chan struct{})
-	ready.Add(n)
-	done.Add(n)
-	for i := range n {
-		go func() {
-			defer done.Done()
-			ready.Done()
-			<-start
-			fn(i)
-		}()
-	}
-	ready.Wait()
-	close(start)
-	done.Wait()
-}
+// barrier.
+var atOnce = atonce.Run
 
 func TestClaimOneWinnerAtOnce(t *testing.T) {
 	e := newEnv(t, 5)

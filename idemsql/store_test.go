@@ -11,6 +11,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/internal/atonce"
 )
 
 const (
@@ -49,24 +50,9 @@ func claimParams(tenant, key, fp string) idem.ClaimParams {
 		Lease: time.Minute, Retention: time.Hour}
 }
 
-// atOnce runs fn(i) for i in [0, n) on n goroutines released together.
-func atOnce(n int, fn func(i int)) {
-	var ready, done sync.WaitGroup
-	start := make(chan struct{})
-	ready.Add(n)
-	done.Add(n)
-	for i := range n {
-		go func() {
-			defer done.Done()
-			ready.Done()
-			<-start
-			fn(i)
-		}()
-	}
-	ready.Wait()
-	close(start)
-	done.Wait()
-}
+// atOnce runs fn(0) … fn(n-1) on n goroutines released together by one
+// barrier.
+var atOnce = atonce.Run
 
 // sleepPast sleeps until d has passed, with slack, since at.
 func sleepPast(at time.Time, d time.Duration) {
