@@ -30,7 +30,10 @@ type Config struct {
 
 	// Heartbeat is how often the lease of a running handler is extended,
 	// so that a slow but live handler never loses its key to a retry.
-	// Defaults to Lease/3. A negative value turns the heartbeat off.
+	// Defaults to Lease/3. Keep it well under Lease: one goroutine per
+	// engine serves every lease on a clock of Heartbeat/4 ticks, so an
+	// extension may come up to a quarter of Heartbeat late. A negative
+	// value turns the heartbeat off.
 	Heartbeat time.Duration
 
 	// RetryAfter is the delay suggested to a caller that met an execution

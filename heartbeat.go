@@ -21,8 +21,40 @@ type keeper struct {
 	logger   *slog.Logger
 
 	mu      sync.Mutex
-	leases  map[*lease]struct{}
+	leases  leaseList
+	ticks   int64 // ticks of the loop so far: the keeper's cheap clock
 	running bool
+}
+
+// leaseList is an intrusive doubly linked list: adding and removing a
+// lease costs a few pointer writes, with no hashing and no growth.
+type leaseList struct {
+	head *lease
+	n    int
+}
+
+func (ll *leaseList) push(l *lease) {
+	l.next = ll.head
+	if ll.head != nil {
+		ll.head.prev = l
+	}
+	ll.head = l
+	ll.n++
+}
+
+func (ll *leaseList) remove(l *lease) {
+	if l.prev != nil {
+		l.prev.next = l.next
+	} else if ll.head == l {
+		ll.head = l.next
+	} else {
+		return // not in the list
+	}
+	if l.next != nil {
+		l.next.prev = l.prev
+	}
+	l.prev, l.next = nil, nil
+	ll.n--
 }
 
 // lease is one running handler's claim as the keeper sees it.
@@ -31,20 +63,25 @@ type lease struct {
 	cancel context.CancelCauseFunc
 
 	// Guarded by keeper.mu.
-	due       time.Time // next extension, on the monotonic clock
-	extending bool      // an Extend call is under way
-	lost      bool      // the store refused an extension
+	prev, next *lease
+	kept       bool  // in the keeper's list
+	due        int64 // the keeper tick at which the next extension is due
+	extending  bool  // an Extend call is under way
+	lost       bool  // the store refused an extension
 }
 
 func newKeeper(store Store, interval time.Duration, logger *slog.Logger) *keeper {
-	return &keeper{store: store, interval: interval, logger: logger, leases: make(map[*lease]struct{})}
+	return &keeper{store: store, interval: interval, logger: logger}
 }
+
+// ticksPerBeat is how many ticks make one heartbeat interval.
+const ticksPerBeat = 4
 
 // tick is how often the keeper looks for due leases: a quarter of the
 // interval, so an extension is at most that late (the lease itself lasts
 // three intervals by default).
 func (k *keeper) tick() time.Duration {
-	return max(k.interval/4, time.Millisecond)
+	return max(k.interval/ticksPerBeat, time.Millisecond)
 }
 
 // add starts keeping the lease of (op, token) alive.
@@ -52,10 +89,13 @@ func (k *keeper) add(op Operation, token int64, duration time.Duration, cancel c
 	l := &lease{
 		params: ExtendParams{Tenant: op.Tenant, Key: op.Key, Token: token, Lease: duration},
 		cancel: cancel,
-		due:    time.Now().Add(k.interval),
+		kept:   true,
 	}
 	k.mu.Lock()
-	k.leases[l] = struct{}{}
+	// Due after a whole interval at least: the tick under way may be
+	// almost over, so count from the next one.
+	l.due = k.ticks + 1 + ticksPerBeat
+	k.leases.push(l)
 	if !k.running {
 		k.running = true
 		go k.loop()
@@ -67,7 +107,8 @@ func (k *keeper) add(op Operation, token int64, duration time.Duration, cancel c
 // remove stops keeping l and reports whether its lease was found lost.
 func (k *keeper) remove(l *lease) (lost bool) {
 	k.mu.Lock()
-	delete(k.leases, l)
+	k.leases.remove(l)
+	l.kept = false
 	lost = l.lost
 	k.mu.Unlock()
 	return lost
@@ -79,22 +120,21 @@ func (k *keeper) remove(l *lease) (lost bool) {
 func (k *keeper) loop() {
 	ticker := time.NewTicker(k.tick())
 	defer ticker.Stop()
-	idleSince := time.Time{}
-	for now := range ticker.C {
+	idleTicks := 0
+	for range ticker.C {
 		k.mu.Lock()
-		if len(k.leases) == 0 {
-			if idleSince.IsZero() {
-				idleSince = now
-			} else if now.Sub(idleSince) >= k.interval {
+		k.ticks++
+		if k.leases.n == 0 {
+			if idleTicks++; idleTicks > ticksPerBeat {
 				k.running = false
 				k.mu.Unlock()
 				return
 			}
 		} else {
-			idleSince = time.Time{}
+			idleTicks = 0
 		}
-		for l := range k.leases {
-			if l.extending || l.lost || now.Before(l.due) {
+		for l := k.leases.head; l != nil; l = l.next {
+			if l.extending || l.lost || k.ticks < l.due {
 				continue
 			}
 			l.extending = true
@@ -114,7 +154,7 @@ func (k *keeper) extend(l *lease) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	l.extending = false
-	if _, kept := k.leases[l]; !kept {
+	if !l.kept {
 		return // the handler finished meanwhile
 	}
 	switch {
@@ -125,8 +165,8 @@ func (k *keeper) extend(l *lease) {
 		// A store hiccup: the lease still runs for a while; try again at
 		// the next tick rather than waiting a whole interval.
 		k.logger.Warn("idem: lease heartbeat failed", slog.String("key", l.params.Key), slog.Any("error", err))
-		l.due = time.Now().Add(k.tick())
+		l.due = k.ticks + 1
 	default:
-		l.due = time.Now().Add(k.interval)
+		l.due = k.ticks + ticksPerBeat
 	}
 }

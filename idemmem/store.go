@@ -39,6 +39,23 @@ type shard struct {
 
 type recordID struct{ tenant, key string }
 
+// entry is a record with room for its fingerprint.
+type entry struct {
+	rec idem.Record
+	fp  [32]byte
+}
+
+// own returns a copy of fingerprint, in the entry when it fits.
+func (e *entry) own(fingerprint []byte) []byte {
+	if len(fingerprint) == 0 {
+		return nil
+	}
+	if len(fingerprint) <= len(e.fp) {
+		return e.fp[:copy(e.fp[:], fingerprint):len(fingerprint)]
+	}
+	return append([]byte(nil), fingerprint...)
+}
+
 var _ idem.Store = (*Store)(nil)
 
 // New returns an empty store. A nil config means the defaults.
@@ -79,16 +96,20 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			return idem.ClaimResult{Record: copyRecord(rec)}, nil
 		}
 	}
-	sh.records[id] = &idem.Record{
+	// The record and a fingerprint of the usual size (SHA-256) share one
+	// allocation.
+	e := &entry{}
+	e.rec = idem.Record{
 		Tenant:      p.Tenant,
 		Key:         p.Key,
-		Fingerprint: append([]byte(nil), p.Fingerprint...),
+		Fingerprint: e.own(p.Fingerprint),
 		State:       idem.StateInFlight,
 		LeaseToken:  p.Token,
 		LockedUntil: now.Add(p.Lease),
 		CreatedAt:   now,
 		ExpiresAt:   now.Add(p.Retention),
 	}
+	sh.records[id] = &e.rec
 	return idem.ClaimResult{Won: true}, nil
 }
 
@@ -220,13 +241,22 @@ func copyRecord(rec *idem.Record) *idem.Record {
 	return &c
 }
 
+// copyHeader copies h with all its values in one backing array: two
+// allocations whatever the number of fields.
 func copyHeader(h map[string][]string) map[string][]string {
 	if h == nil {
 		return nil
 	}
+	n := 0
+	for _, v := range h {
+		n += len(v)
+	}
+	values := make([]string, 0, n)
 	c := make(map[string][]string, len(h))
 	for k, v := range h {
-		c[k] = append([]string(nil), v...)
+		start := len(values)
+		values = append(values, v...)
+		c[k] = values[start:len(values):len(values)]
 	}
 	return c
 }
