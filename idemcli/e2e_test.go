@@ -21,21 +21,12 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
-)
-
-// The idem binary, built once per test run by idemBinary.
-var (
-	binOnce sync.Once
-	binDir  string
-	binPath string
-	binErr  error
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	testenv.RemoveBinary()
 	os.Exit(code)
 }
 
@@ -45,25 +36,7 @@ func idemBinary(t *testing.T) string {
 	if testing.Short() {
 		t.Skip("skipping: builds the idem binary and starts it (-short)")
 	}
-	binOnce.Do(func() {
-		goTool, err := exec.LookPath("go")
-		if err != nil {
-			binErr = fmt.Errorf("the go command is not on PATH: %w", err)
-			return
-		}
-		if binDir, binErr = os.MkdirTemp("", "idem-e2e-"); binErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "idem")
-		out, err := exec.Command(goTool, "build", "-o", binPath, "github.com/idem-go/idem/cmd/idem").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build ./cmd/idem: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
+	return testenv.IdemBinary(t)
 }
 
 // proc is a running `idem serve`.

@@ -52,42 +52,16 @@ const (
 	clientTimeout = 2 * time.Minute
 )
 
-// The idem binary, built once per run from this tree.
-var (
-	binOnce sync.Once
-	binDir  string
-	binPath string
-	binErr  error
-)
-
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	testenv.RemoveBinary()
 	os.Exit(code)
 }
 
 // idemBinary builds cmd/idem as a user would, once: the crash must kill a
 // real process, whose open transactions and sockets the kernel then
 // drops, not a goroutine of the test.
-func idemBinary(t *testing.T) string {
-	t.Helper()
-	binOnce.Do(func() {
-		if binDir, binErr = os.MkdirTemp("", "idem-crashtest-"); binErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "idem")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/idem-go/idem/cmd/idem").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build ./cmd/idem: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
-}
+func idemBinary(t *testing.T) string { return testenv.IdemBinary(t) }
 
 // TestCrash kills `idem serve` with SIGKILL at each kill point, restarts
 // it without the fault on the same database and port while the client
