@@ -78,7 +78,8 @@ var errClaimRace = errors.New("idempg: claim kept losing to concurrent changes i
 // Claim implements idem.Store in one round trip in the common cases: a
 // fresh key, a replay, a duplicate in flight, a takeover. A claim that
 // loses a race to a concurrent claim of the same key needs a second round
-// trip to read the winner's record.
+// trip to read the winner's record. Unless Config.ClaimBatchSize is 1,
+// claims made at the same time share one statement (claimBatchSQL).
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	fingerprint := p.Fingerprint
 	if len(fingerprint) == 0 {
@@ -86,6 +87,9 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		// caller passed nil or an empty slice, as idem.Record's
 		// SameFingerprint does.
 		fingerprint = nil
+	}
+	if s.batcher != nil {
+		return s.batcher.claim(ctx, p, fingerprint)
 	}
 	for range claimAttempts {
 		var won bool

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idempg"
 )
 
 // TestClaimLosesToRowItsSnapshotCannotSee forces the claim's second
@@ -13,9 +14,15 @@ import (
 // while the claim starts, so the claim's ON CONFLICT waits for it, and
 // once it commits, the claim's snapshot (taken before) cannot see the row
 // that beat it. The claim must come back lost with that row, not won and
-// not empty-handed.
+// not empty-handed. Batched claims take the same second attempt.
 func TestClaimLosesToRowItsSnapshotCannotSee(t *testing.T) {
-	e := newEnv(t, 1) // the claim's pool: one connection, whose pid we know
+	for _, mode := range claimModes {
+		t.Run(mode.name, func(t *testing.T) { testClaimLosesToRowItsSnapshotCannotSee(t, mode.config) })
+	}
+}
+
+func testClaimLosesToRowItsSnapshotCannotSee(t *testing.T, config *idempg.Config) {
+	e := newEnvWith(t, 1, config) // the claim's pool: one connection, whose pid we know
 	ctx := context.Background()
 	watch := newPool(t, e.url, 1)
 

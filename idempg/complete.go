@@ -55,15 +55,17 @@ func completeValues(p idem.CompleteParams) ([][]byte, error) {
 }
 
 // Complete implements idem.Tx. It stores the result and commits in ONE
-// round trip: a pipeline of [idem_complete, Sync, COMMIT, Sync]. Each
-// statement has its own Sync, so when idem_complete raises (lease lost)
-// the server still runs the COMMIT, on an aborted transaction, where it
-// means ROLLBACK: the business writes are undone in that same round trip
-// and the connection goes back to the pool idle.
+// round trip: a pipeline of [idem_complete, COMMIT, Sync], which the
+// server answers in one write, after the commit.
 //
-// pgx's Batch would not do: it ends a batch with a single Sync, after
-// which the server skips the COMMIT that follows an error and leaves the
-// transaction open and aborted, costing a ROLLBACK round trip.
+// When idem_complete raises (lease lost), the server skips the COMMIT up
+// to the Sync and leaves the transaction open and aborted; Complete then
+// sends a ROLLBACK, a second round trip on that rare path only, so that
+// the connection goes back to the pool idle. A Sync after idem_complete
+// as well would make the COMMIT run (as a ROLLBACK) in the same round trip
+// whatever happened, but it splits the answer in two: the server sends
+// idem_complete's result at once and the COMMIT's after the WAL flush, so
+// every request would cost both sides one more write and one more wake-up.
 func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 	values, err := completeValues(p)
 	if err != nil {
@@ -93,7 +95,6 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 	// connection measured no faster (see bench_variants_test.go).
 	pl := pgConn.StartPipeline(ctx)
 	pl.SendQueryParams(completeSQL, values, completeOIDs, completeFormats, nil)
-	pl.SendPipelineSync()
 	pl.SendQueryParams("COMMIT", nil, nil, nil, nil)
 	if err := pl.Sync(); err != nil {
 		_ = pl.Close()
@@ -105,7 +106,12 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 	}
 	switch {
 	case completeErr != nil:
-		// The COMMIT that followed rolled back.
+		// The COMMIT was skipped: roll back, business writes included.
+		// Should the ROLLBACK fail, Release destroys the connection,
+		// and with it the transaction.
+		if ioErr == nil && pgConn.TxStatus() == 'E' {
+			_ = pgConn.Exec(ctx, "ROLLBACK").Close()
+		}
 		return interpretError(completeErr)
 	case commitErr != nil:
 		// A deferred constraint or a serialization failure refused the
@@ -121,19 +127,21 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 	return nil
 }
 
-// readCompletePipeline reads the two segments of the completion pipeline:
-// the result of idem_complete, then the COMMIT's. A server error ends its
-// segment only; any other error ends the pipeline.
+// readCompletePipeline reads the completion pipeline up to its Sync: the
+// result of idem_complete, then the COMMIT's unless an error made the
+// server skip it. A server error is recorded against the statement it
+// belongs to; any other error ends the pipeline.
 func readCompletePipeline(pl *pgconn.Pipeline) (completeErr error, commitTag pgconn.CommandTag, commitErr, ioErr error) {
-	segment := 0
+	statement := 0
 	record := func(err error) {
-		if segment == 0 && completeErr == nil {
+		if statement == 0 {
 			completeErr = err
-		} else if segment == 1 && commitErr == nil {
+		} else if commitErr == nil {
 			commitErr = err
 		}
+		statement++
 	}
-	for segment < 2 {
+	for {
 		res, err := pl.GetResults()
 		if err != nil {
 			var pgErr *pgconn.PgError
@@ -154,14 +162,16 @@ func readCompletePipeline(pl *pgconn.Pipeline) (completeErr error, commitTag pgc
 					return completeErr, commitTag, commitErr, err
 				}
 				record(err)
-			} else if segment == 1 {
+				continue
+			}
+			if statement == 1 {
 				commitTag = tag
 			}
+			statement++
 		case *pgconn.PipelineSync:
-			segment++
+			return completeErr, commitTag, commitErr, nil
 		}
 	}
-	return completeErr, commitTag, commitErr, nil
 }
 
 // CompleteTx stores the result of p in tx, a transaction the caller owns,

@@ -29,6 +29,22 @@ const businessTable = `CREATE TABLE orders (
 // connections are shared with every other test run on the machine.
 func newEnv(t testing.TB, maxConns int32) *env {
 	t.Helper()
+	return newEnvWith(t, maxConns, nil)
+}
+
+// claimModes are the two ways a Store sends its claims, for the tests
+// that must hold in both.
+var claimModes = []struct {
+	name   string
+	config *idempg.Config
+}{
+	{"batched", nil},
+	{"single", &idempg.Config{ClaimBatchSize: 1}},
+}
+
+// newEnvWith is newEnv with both stores built from config.
+func newEnvWith(t testing.TB, maxConns int32, config *idempg.Config) *env {
+	t.Helper()
 	url := testenv.PostgresSchema(t)
 	e := &env{url: url, pool: newPool(t, url, maxConns), peer: newPool(t, url, maxConns)}
 	ctx := context.Background()
@@ -38,7 +54,7 @@ func newEnv(t testing.TB, maxConns int32) *env {
 	if _, err := e.pool.Exec(ctx, businessTable); err != nil {
 		t.Fatalf("business table: %v", err)
 	}
-	e.store, e.other = idempg.New(e.pool), idempg.New(e.peer)
+	e.store, e.other = idempg.NewWithConfig(e.pool, config), idempg.NewWithConfig(e.peer, config)
 	return e
 }
 

@@ -17,6 +17,27 @@ type Store struct {
 	// claimQuery is claimSQL; the benchmarks swap in variants of it to
 	// measure what each part of the statement buys.
 	claimQuery string
+	// batcher runs claims in batches; nil when Config.ClaimBatchSize is 1.
+	batcher *claimBatcher
+}
+
+// DefaultClaimBatchSize is Config.ClaimBatchSize when it is left zero.
+const DefaultClaimBatchSize = 64
+
+// Config tunes a Store. A nil *Config, like the zero value, means every
+// default.
+type Config struct {
+	// ClaimBatchSize is how many claims may share one statement. Claims
+	// that arrive while a claim statement of this Store is running wait
+	// for it to return and then go together, as one statement, one round
+	// trip and one commit, instead of one each: under concurrent load
+	// this divides the claim's cost in PostgreSQL and in Go by the batch
+	// size, and a lone claim still goes out at once. Each claim keeps the
+	// guarantees of the single statement (see "Claims in batches" in the
+	// package documentation). Zero means DefaultClaimBatchSize; 1 turns
+	// batching off: every claim is its own statement, run concurrently on
+	// the pool.
+	ClaimBatchSize int
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -26,7 +47,20 @@ var _ idem.Store = (*Store)(nil)
 // finds them through the connections' search_path, so one database may
 // hold several idem schemas.
 func New(pool *pgxpool.Pool) *Store {
-	return &Store{pool: pool, claimQuery: claimSQL}
+	return NewWithConfig(pool, nil)
+}
+
+// NewWithConfig is New with settings; config may be nil.
+func NewWithConfig(pool *pgxpool.Pool, config *Config) *Store {
+	s := &Store{pool: pool, claimQuery: claimSQL}
+	size := DefaultClaimBatchSize
+	if config != nil && config.ClaimBatchSize > 0 {
+		size = config.ClaimBatchSize
+	}
+	if size > 1 {
+		s.batcher = &claimBatcher{store: s, maxSize: size}
+	}
+	return s
 }
 
 // micros passes a duration to SQL as whole microseconds, PostgreSQL's

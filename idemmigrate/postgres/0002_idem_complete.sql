@@ -1,11 +1,10 @@
 -- idem: the completion, fenced by the lease token, as one function call.
 --
--- idempg sends SELECT idem_complete(...) and COMMIT in one round trip, each
--- after its own Sync. When the lease was lost (another execution took the
--- key over, or it was released), the function raises SQLSTATE 'IDL01':
--- the server aborts the transaction, so the COMMIT that follows becomes a
--- ROLLBACK, the business writes included, without a further round trip.
--- idempg maps 'IDL01' to idem.ErrLeaseLost.
+-- idempg sends SELECT idem_complete(...) and COMMIT in one round trip.
+-- When the lease was lost (another execution took the key over, or it was
+-- released), the function raises SQLSTATE 'IDL01': the server aborts the
+-- transaction and skips the COMMIT, and idempg rolls it back, the business
+-- writes included. idempg maps 'IDL01' to idem.ErrLeaseLost.
 --
 -- The update touches unindexed columns only, so it is a HOT update.
 CREATE OR REPLACE FUNCTION idem_complete(

@@ -24,6 +24,8 @@
 package main
 
 import (
+	"github.com/idem-go/idem/idempg"
+
 	"cmp"
 	"context"
 	"errors"
@@ -61,6 +63,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured load per scenario before the first round")
 	dup := fs.Duration("dup", 5*time.Second, "duration of each duplicate-pair load; 0 skips them")
 	variantSQL := fs.String("variant", "", "SQL run on a second schema after the migrations, measured as scenario (b') beside (b); for example \"ALTER TABLE idem_keys SET (fillfactor = 50)\"")
+	rtt := fs.Duration("rtt", 0, "simulated round-trip time between the application and PostgreSQL (loopback has almost none); 0 measures plain loopback")
+	claimBatch := fs.Int("claim-batch", 0, "idempg.Config.ClaimBatchSize of the idem routes (b) and (c); 0 is idempg's default, 1 sends each claim alone")
+	variantClaimBatch := fs.Int("variant-claim-batch", 0, "idempg.Config.ClaimBatchSize of (b'); setting it adds (b') even without -variant")
 	withOneTx := fs.Bool("onetx", false, "also measure (e), a claim inside the business transaction (not idem's design), fresh keys and duplicate pairs")
 	only := fs.String("only", "", "comma-separated scenarios to run (a,b,b',c,d), for profiling one of them; default all")
 	costRuns := fs.Int("cost", 2000, "runs of each piece in the serial cost measurement; 0 skips it")
@@ -78,21 +83,21 @@ func run(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	db, err := openDatabase(ctx, *dbURL, *conns, "")
+	db, err := openDatabase(ctx, *dbURL, *conns, "", *rtt)
 	if err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
 	defer db.close()
 	var variant *database
-	if *variantSQL != "" {
-		variant, err = openDatabase(ctx, *dbURL, *conns, *variantSQL)
+	if *variantSQL != "" || *variantClaimBatch != 0 {
+		variant, err = openDatabase(ctx, *dbURL, *conns, *variantSQL, *rtt)
 		if err != nil {
 			return fmt.Errorf("database: %w", err)
 		}
 		defer variant.close()
 	}
 
-	mux, err := newMux(db, variant)
+	mux, err := newMux(db, variant, &idempg.Config{ClaimBatchSize: *claimBatch}, &idempg.Config{ClaimBatchSize: *variantClaimBatch})
 	if err != nil {
 		return err
 	}
@@ -117,7 +122,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer srv.Close()
 
 	b := &bench{
-		db: db, variant: variant, variantSQL: *variantSQL, scenarios: slices.Clone(baseScenarios), baseURL: "http://" + ln.Addr().String(), clients: *clients,
+		db: db, variant: variant, variantSQL: *variantSQL, rtt: *rtt, claimBatch: *claimBatch, variantClaimBatch: *variantClaimBatch, scenarios: slices.Clone(baseScenarios), baseURL: "http://" + ln.Addr().String(), clients: *clients,
 		duration: *duration, client: newClient(*clients), runID: db.schema,
 	}
 	if variant != nil {

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/idem-go/idem/idempg"
 )
 
 // machine is what a reader needs to judge the figures: the numbers mean
@@ -123,6 +125,13 @@ func writeReport(w io.Writer, m machine, b *bench, rounds, conns int, slice time
 	fmt.Fprintf(w, "- load average (1 5 15 min): %s before, %s after\n", m.loadBefore, m.loadAfter)
 	fmt.Fprintf(w, "- %d clients, pool of %d connections, %s per scenario per round in slices of %s (scenarios alternate every slice, order rotated), %d rounds\n",
 		b.clients, conns, b.duration, slice, rounds)
+	if b.rtt > 0 {
+		fmt.Fprintf(w, "- simulated round-trip time to PostgreSQL (-rtt): %s on every pool connection\n", b.rtt)
+	}
+	fmt.Fprintf(w, "- idempg.Config.ClaimBatchSize: %d for (b) and (c) (0: idempg's default, %d)\n", b.claimBatch, idempg.DefaultClaimBatchSize)
+	if b.variant != nil {
+		fmt.Fprintf(w, "- (b') runs on a second schema with ClaimBatchSize %d\n", b.variantClaimBatch)
+	}
 	if b.variantSQL != "" {
 		fmt.Fprintf(w, "- (b') runs on a second schema where, after the migrations: `%s`\n", b.variantSQL)
 	}

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
@@ -78,6 +79,38 @@ func (c countingConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
+// latencyConn simulates a network between the application and PostgreSQL
+// (-rtt): what the server sends is handed to pgx no sooner than rtt after
+// pgx's latest write, the request that caused it. Loopback has next to no
+// latency, so without it every round trip costs only CPU; with it, a round
+// trip costs what it costs across a real link, and the waiting is a sleep,
+// not CPU.
+type latencyConn struct {
+	net.Conn
+	rtt time.Duration
+
+	mu        sync.Mutex
+	lastWrite time.Time
+}
+
+func (c *latencyConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	c.lastWrite = time.Now()
+	c.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+func (c *latencyConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.mu.Lock()
+	due := c.lastWrite.Add(c.rtt)
+	c.mu.Unlock()
+	if d := time.Until(due); d > 0 {
+		time.Sleep(d)
+	}
+	return n, err
+}
+
 // database is the fresh schema a run works in, and the pool on it.
 type database struct {
 	base   string
@@ -103,7 +136,10 @@ func (db *database) backends() []uint32 {
 //
 // extraSQL, when not empty, runs after the migrations: the variant of the
 // schema a second database is there to measure.
-func openDatabase(ctx context.Context, url string, conns int, extraSQL string) (*database, error) {
+//
+// rtt, when positive, puts a simulated network of that round-trip time
+// between the pool and the server (latencyConn).
+func openDatabase(ctx context.Context, url string, conns int, extraSQL string, rtt time.Duration) (*database, error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	db := &database{base: url, schema: "loadbench_" + hex.EncodeToString(b[:])}
@@ -130,6 +166,9 @@ func openDatabase(ctx context.Context, url string, conns int, extraSQL string) (
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
+		}
+		if rtt > 0 {
+			c = &latencyConn{Conn: c, rtt: rtt}
 		}
 		return countingConn{Conn: c, writes: &db.writes, reads: &db.reads}, nil
 	}
@@ -240,14 +279,14 @@ func createOrder(inTx txFunc) http.HandlerFunc {
 
 // newMux builds the routes on db, and the variant route on variant when
 // it is not nil.
-func newMux(db, variant *database) (*http.ServeMux, error) {
+func newMux(db, variant *database, config, variantConfig *idempg.Config) (*http.ServeMux, error) {
 	pool := db.pool
 	own := func(ctx context.Context, fn func(querier) error) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return fn(tx) })
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST "+routeBare, createOrder(own))
-	idemOrders, err := idemRoute(pool)
+	idemOrders, err := idemRoute(pool, config)
 	if err != nil {
 		return nil, err
 	}
@@ -255,7 +294,7 @@ func newMux(db, variant *database) (*http.ServeMux, error) {
 	mux.Handle("POST "+routeNaive, naive(pool, createOrder(own)))
 	mux.Handle("POST "+routeOneTx, oneTx(pool, createOrder(oneTxQuerier)))
 	if variant != nil {
-		h, err := idemRoute(variant.pool)
+		h, err := idemRoute(variant.pool, variantConfig)
 		if err != nil {
 			return nil, err
 		}
@@ -264,10 +303,10 @@ func newMux(db, variant *database) (*http.ServeMux, error) {
 	return mux, nil
 }
 
-// idemRoute is createOrder behind idemhttp on idempg, with every default,
-// as a new user would write it.
-func idemRoute(pool *pgxpool.Pool) (http.Handler, error) {
-	engine, err := idem.NewEngine(idempg.New(pool), nil)
+// idemRoute is createOrder behind idemhttp on idempg, with every default
+// but the store's config, as a new user would write it.
+func idemRoute(pool *pgxpool.Pool, config *idempg.Config) (http.Handler, error) {
+	engine, err := idem.NewEngine(idempg.NewWithConfig(pool, config), nil)
 	if err != nil {
 		return nil, err
 	}
