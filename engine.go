@@ -190,18 +190,24 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, fn func(ctx
 		return Outcome{}, storeError("begin", err)
 	}
 	// Through a closure, so that the second unit of work RollbackWrites
-	// opens below is ended too. Harmless after Complete; errors are
+	// opens below is ended too. Skipped after a successful Complete, which
+	// has ended the unit of work already (and the detached context would
+	// cost an allocation on every request for nothing); errors are
 	// reported by Complete.
-	cleanupCtx := context.WithoutCancel(ctx)
-	defer func() { _ = tx.Rollback(cleanupCtx) }()
+	completed := false
+	defer func() {
+		if !completed {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
 
 	runCtx := tx.Context(ctx)
 	var held *lease
 	if e.keeper != nil {
-		var cancel context.CancelCauseFunc
-		runCtx, cancel = context.WithCancelCause(runCtx)
-		defer cancel(nil)
-		held = e.keeper.add(op, token, e.config.Lease, cancel)
+		lc := newLeaseCtx(runCtx)
+		defer lc.end()
+		runCtx = lc
+		held = e.keeper.add(op, token, e.config.Lease, lc)
 	}
 
 	res, err := callHandler(runCtx, fn)
@@ -210,7 +216,7 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, fn func(ctx
 		err = ctx.Err()
 	}
 	if err != nil {
-		_ = tx.Rollback(cleanupCtx)
+		_ = tx.Rollback(context.WithoutCancel(ctx))
 		if leaseLost {
 			// The handler saw its context end because the heartbeat found
 			// the lease taken over: report that, not the cancellation.
@@ -244,6 +250,7 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, fn func(ctx
 		e.release(ctx, op, token)
 		return Outcome{}, storeError("complete", err)
 	}
+	completed = true
 	return Outcome{Result: complete.Result}, nil
 }
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
+	"weak"
 )
 
 // keeper extends the leases of every running handler of one engine. One
@@ -60,7 +62,7 @@ func (ll *leaseList) remove(l *lease) {
 // lease is one running handler's claim as the keeper sees it.
 type lease struct {
 	params ExtendParams
-	cancel context.CancelCauseFunc
+	ctx    *leaseCtx
 
 	// Guarded by keeper.mu.
 	prev, next *lease
@@ -84,13 +86,23 @@ func (k *keeper) tick() time.Duration {
 	return max(k.interval/ticksPerBeat, time.Millisecond)
 }
 
+// leases recycles lease records: every protected request needs one, and
+// most hold it for a few microseconds.
+var leases = sync.Pool{New: func() any { return new(lease) }}
+
+// free returns l to the pool. Only its last holder may: the handler's
+// remove, or an extension that finished after it.
+func (l *lease) free() {
+	*l = lease{} // drop the references: the pool must not keep them alive
+	leases.Put(l)
+}
+
 // add starts keeping the lease of (op, token) alive.
-func (k *keeper) add(op Operation, token int64, duration time.Duration, cancel context.CancelCauseFunc) *lease {
-	l := &lease{
-		params: ExtendParams{Tenant: op.Tenant, Key: op.Key, Token: token, Lease: duration},
-		cancel: cancel,
-		kept:   true,
-	}
+func (k *keeper) add(op Operation, token int64, duration time.Duration, ctx *leaseCtx) *lease {
+	l := leases.Get().(*lease)
+	l.params = ExtendParams{Tenant: op.Tenant, Key: op.Key, Token: token, Lease: duration}
+	l.ctx = ctx
+	l.kept = true
 	k.mu.Lock()
 	// Due after a whole interval at least: the tick under way may be
 	// almost over, so count from the next one.
@@ -98,50 +110,71 @@ func (k *keeper) add(op Operation, token int64, duration time.Duration, cancel c
 	k.leases.push(l)
 	if !k.running {
 		k.running = true
-		go k.loop()
+		go loop(weak.Make(k), k.tick())
 	}
 	k.mu.Unlock()
 	return l
 }
 
 // remove stops keeping l and reports whether its lease was found lost.
+// l must not be used afterwards: it is recycled, now or, when an
+// extension is under way, by that extension once it ends.
 func (k *keeper) remove(l *lease) (lost bool) {
 	k.mu.Lock()
 	k.leases.remove(l)
 	l.kept = false
 	lost = l.lost
+	idle := !l.extending
 	k.mu.Unlock()
+	if idle {
+		l.free()
+	}
 	return lost
 }
 
 // loop runs while there are leases to keep. It lingers one interval after
 // the last one left, so that a steady trickle of short requests does not
 // start a goroutine each.
-func (k *keeper) loop() {
-	ticker := time.NewTicker(k.tick())
+//
+// Between ticks it holds the keeper only weakly: a lingering loop must not
+// keep an engine's store alive (with every record in it) once the program
+// has dropped the engine, and it ends at the next tick when it has. No
+// lease can be lost that way: a running handler holds the engine, and so
+// the keeper, until it has removed its lease.
+func loop(wk weak.Pointer[keeper], tick time.Duration) {
+	ticker := time.NewTicker(tick)
 	defer ticker.Stop()
 	idleTicks := 0
 	for range ticker.C {
-		k.mu.Lock()
-		k.ticks++
-		if k.leases.n == 0 {
-			if idleTicks++; idleTicks > ticksPerBeat {
-				k.running = false
-				k.mu.Unlock()
-				return
-			}
-		} else {
-			idleTicks = 0
+		k := wk.Value()
+		if k == nil || !k.beat(&idleTicks) {
+			return
 		}
-		for l := k.leases.head; l != nil; l = l.next {
-			if l.extending || l.lost || k.ticks < l.due {
-				continue
-			}
-			l.extending = true
-			go k.extend(l)
-		}
-		k.mu.Unlock()
 	}
+}
+
+// beat is one tick of the loop: it starts the extensions that are due and
+// reports whether the loop should go on.
+func (k *keeper) beat(idleTicks *int) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.ticks++
+	if k.leases.n == 0 {
+		if *idleTicks++; *idleTicks > ticksPerBeat {
+			k.running = false
+			return false
+		}
+	} else {
+		*idleTicks = 0
+	}
+	for l := k.leases.head; l != nil; l = l.next {
+		if l.extending || l.lost || k.ticks < l.due {
+			continue
+		}
+		l.extending = true
+		go k.extend(l)
+	}
+	return true
 }
 
 // extend runs one Extend call for l, outside the keeper's lock so that a
@@ -155,12 +188,14 @@ func (k *keeper) extend(l *lease) {
 	defer k.mu.Unlock()
 	l.extending = false
 	if !l.kept {
-		return // the handler finished meanwhile
+		// The handler finished meanwhile and left l to this extension.
+		l.free()
+		return
 	}
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		l.lost = true
-		l.cancel(ErrLeaseLost)
+		l.ctx.lose(ErrLeaseLost)
 	case err != nil:
 		// A store hiccup: the lease still runs for a while; try again at
 		// the next tick rather than waiting a whole interval.
@@ -169,4 +204,115 @@ func (k *keeper) extend(l *lease) {
 	default:
 		l.due = k.ticks + ticksPerBeat
 	}
+}
+
+// leaseCtx is the context a handler runs under while the keeper holds its
+// lease. It behaves as context.WithCancelCause(parent) would, cancelled
+// with cause ErrLeaseLost when the lease is lost and without cause (that
+// is, context.Canceled) once the handler has returned, but it creates
+// that context only when something needs it: a call of Done (a database
+// driver watching for cancellation, a derived context, context.AfterFunc),
+// the loss of the lease, or a use after the handler returned. A handler
+// that needs none of these, the common case on a fast store, then costs
+// one small allocation instead of a cancelCtx, its cause function and
+// their cancellation.
+//
+// Until then Err and Value are the parent's, which is what the cancelCtx
+// would answer: it is cancelled only through its parent, with the
+// parent's error and cause.
+type leaseCtx struct {
+	parent context.Context
+	inner  atomic.Pointer[cancelCause] // nil until needed
+	ended  atomic.Bool                 // the handler returned; set under mu
+
+	mu sync.Mutex // serializes the creation of inner with ended
+}
+
+// cancelCause is a context made by context.WithCancelCause, with its
+// cancel function.
+type cancelCause struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+func newLeaseCtx(parent context.Context) *leaseCtx { return &leaseCtx{parent: parent} }
+
+// need returns the cancellable context, creating it when it does not
+// exist yet: cancelled at once when the handler has already returned.
+func (c *leaseCtx) need() *cancelCause {
+	if in := c.inner.Load(); in != nil {
+		return in
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if in := c.inner.Load(); in != nil {
+		return in
+	}
+	ctx, cancel := context.WithCancelCause(c.parent)
+	in := &cancelCause{ctx: ctx, cancel: cancel}
+	if c.ended.Load() {
+		cancel(nil)
+	}
+	c.inner.Store(in)
+	return in
+}
+
+// current returns the cancellable context when it exists or must: once
+// the handler has returned, every answer is the cancelled one.
+func (c *leaseCtx) current() *cancelCause {
+	if in := c.inner.Load(); in != nil {
+		return in
+	}
+	if c.ended.Load() {
+		return c.need()
+	}
+	return nil
+}
+
+// lose cancels the handler's context with cause.
+func (c *leaseCtx) lose(cause error) { c.need().cancel(cause) }
+
+// end cancels the context when the handler has returned, as the cancel
+// function of context.WithCancelCause would; when it was never created,
+// it only marks it cancelled, for a goroutine that outlives the handler.
+func (c *leaseCtx) end() {
+	c.mu.Lock()
+	c.ended.Store(true)
+	in := c.inner.Load()
+	c.mu.Unlock()
+	if in != nil {
+		in.cancel(nil)
+	}
+}
+
+// Deadline implements context.Context.
+func (c *leaseCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+
+// Done implements context.Context.
+func (c *leaseCtx) Done() <-chan struct{} { return c.need().ctx.Done() }
+
+// Err implements context.Context.
+func (c *leaseCtx) Err() error {
+	if in := c.current(); in != nil {
+		return in.ctx.Err()
+	}
+	return c.parent.Err()
+}
+
+// Value implements context.Context. Once the cancellable context exists
+// it answers, so that context.Cause and the contexts derived from this one
+// find it.
+func (c *leaseCtx) Value(key any) any {
+	if in := c.current(); in != nil {
+		return in.ctx.Value(key)
+	}
+	return c.parent.Value(key)
+}
+
+// String names the context as context.WithCancelCause's does.
+func (c *leaseCtx) String() string {
+	if s, ok := c.parent.(interface{ String() string }); ok {
+		return s.String() + ".WithCancel"
+	}
+	return "context.WithCancel"
 }

@@ -59,7 +59,9 @@ type Store interface {
 // of the record. For SQL stores it is a database transaction.
 //
 // Rollback after Complete is harmless, so `defer tx.Rollback(ctx)` is
-// always right.
+// always right. The engine itself calls Rollback only when the handler
+// failed or Complete was not reached or failed: a successful Complete must
+// leave nothing behind that only a Rollback would free.
 type Tx interface {
 	// Context returns a child of ctx through which the handler reaches the
 	// store's transaction (for example idemsql.Tx(ctx) or idempg.Tx(ctx)).

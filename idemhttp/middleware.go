@@ -17,8 +17,8 @@ type Middleware struct {
 	config     Config
 	engine     *idem.Engine
 	methods    []string
-	replay     map[string]bool // canonical names of the headers stored
-	retryAfter []string        // the Retry-After value, in whole seconds
+	replay     headerSet // canonical names of the headers stored
+	retryAfter []string  // the Retry-After value, in whole seconds
 }
 
 // New returns a middleware for config, or an error when config is
@@ -32,16 +32,49 @@ func New(config Config) (*Middleware, error) {
 		config:  config,
 		engine:  config.Engine,
 		methods: config.Methods,
-		replay:  make(map[string]bool, len(DefaultReplayHeaders)+len(config.ReplayHeaders)),
 	}
 	for _, name := range DefaultReplayHeaders {
-		m.replay[http.CanonicalHeaderKey(name)] = true
+		m.replay.add(http.CanonicalHeaderKey(name))
 	}
 	for _, name := range config.ReplayHeaders {
-		m.replay[http.CanonicalHeaderKey(name)] = true
+		m.replay.add(http.CanonicalHeaderKey(name))
 	}
 	m.retryAfter = []string{strconv.Itoa(retryAfterSeconds(config.Engine.Config().RetryAfter))}
 	return m, nil
+}
+
+// headerSet is a set of header names, filed by length: a lookup compares
+// the one or two names of the same length, which costs less than hashing
+// the name for a map, on every header of every response.
+type headerSet struct {
+	byLen [32][]string
+	long  map[string]bool // names too long for byLen
+}
+
+func (s *headerSet) add(name string) {
+	if s.has(name) {
+		return
+	}
+	if len(name) < len(s.byLen) {
+		s.byLen[len(name)] = append(s.byLen[len(name)], name)
+		return
+	}
+	if s.long == nil {
+		s.long = make(map[string]bool)
+	}
+	s.long[name] = true
+}
+
+func (s *headerSet) has(name string) bool {
+	if len(name) >= len(s.byLen) {
+		return s.long[name]
+	}
+	for _, n := range s.byLen[len(name)] {
+		if n == name {
+			return true
+		}
+	}
+	return false
 }
 
 // retryAfterSeconds rounds d up to whole seconds, at least 1: Retry-After
@@ -194,7 +227,7 @@ func (e *execution) do(ctx context.Context) (idem.Result, error) {
 // copy or encode them.
 func (m *Middleware) storedHeader(out map[string][]string, h http.Header) map[string][]string {
 	for k, v := range h {
-		if m.replay[k] {
+		if m.replay.has(k) {
 			out[k] = v
 		}
 	}

@@ -60,9 +60,11 @@ type recorder struct {
 	written bool // WriteHeader or Write called with a final status
 
 	// outer is the underlying header map as it was before the handler
-	// ran. It shares the value slices: the handler replaces values
-	// (Set, Add, Del) rather than editing them in place.
-	outer map[string][]string
+	// ran, as a list of fields: it is read back only when the answer is
+	// discarded, and a list is cheaper to fill and to empty than a map.
+	// It shares the value slices: the handler replaces values (Set, Add,
+	// Del) rather than editing them in place.
+	outer []headerField
 	// stored is reused for the allowlisted headers given to the store,
 	// which copies or encodes them in Complete.
 	stored map[string][]string
@@ -78,8 +80,14 @@ var (
 // response must not pin its buffer in the pool for ever.
 const maxPooledBody = 64 << 10
 
+// headerField is one entry of a header map.
+type headerField struct {
+	name   string
+	values []string
+}
+
 var recorders = sync.Pool{New: func() any {
-	return &recorder{outer: make(map[string][]string, 4), stored: make(map[string][]string, 4)}
+	return &recorder{outer: make([]headerField, 0, 4), stored: make(map[string][]string, 4)}
 }}
 
 // newRecorder returns a recorder over w, remembering w's header as it is
@@ -89,7 +97,7 @@ func newRecorder(w http.ResponseWriter, limit int64) *recorder {
 	rec.w = w
 	rec.limit = limit
 	for k, v := range w.Header() {
-		rec.outer[k] = v
+		rec.outer = append(rec.outer, headerField{k, v})
 	}
 	return rec
 }
@@ -97,13 +105,13 @@ func newRecorder(w http.ResponseWriter, limit int64) *recorder {
 // free returns rec to the pool. Nothing may use rec or its body
 // afterwards.
 func (rec *recorder) free() {
-	clear(rec.outer)
+	clear(rec.outer) // drop the references: the pool must not keep them alive
 	clear(rec.stored)
 	body := rec.body[:0]
 	if cap(body) > maxPooledBody {
 		body = nil
 	}
-	*rec = recorder{body: body, outer: rec.outer, stored: rec.stored}
+	*rec = recorder{body: body, outer: rec.outer[:0], stored: rec.stored}
 	recorders.Put(rec)
 }
 
@@ -112,8 +120,8 @@ func (rec *recorder) free() {
 func (rec *recorder) restoreHeader() {
 	h := rec.w.Header()
 	clear(h)
-	for k, v := range rec.outer {
-		h[k] = v
+	for _, f := range rec.outer {
+		h[f.name] = f.values
 	}
 }
 

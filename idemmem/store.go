@@ -8,10 +8,13 @@
 package idemmem
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"hash/maphash"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/idem-go/idem"
 )
@@ -33,27 +36,69 @@ type Store struct {
 }
 
 type shard struct {
-	mu      sync.Mutex
-	records map[recordID]*idem.Record
+	mu sync.Mutex
+	// records is keyed by the 64-bit hash of (tenant, key) rather than by
+	// the pair itself: smaller slots make the map cheaper to grow and to
+	// scan, and the hash is computed once for the shard anyway. Records
+	// whose pairs hash alike are chained through entry.next.
+	records map[uint64]*entry
 }
 
-type recordID struct{ tenant, key string }
-
-// entry is a record with room for its fingerprint.
+// entry is one stored record, laid out to cost one allocation and little
+// garbage collection work: the fingerprint of the usual size (SHA-256)
+// lives inside it, and the result's body and header share one buffer with
+// no pointers in it.
 type entry struct {
-	rec idem.Record
-	fp  [32]byte
+	tenant, key string
+	next        *entry // another record whose (tenant, key) hashes alike
+
+	fingerprint []byte // fp[:n], or a copy of its own when longer
+	fp          [32]byte
+	token       int64
+	// The times are kept as offsets from the claim: a third of the room
+	// of three more time.Time values, and no pointers to their location.
+	// createdAt.Add gives back what the store's clock said, monotonic
+	// reading included; should the wall clock step between the claim and
+	// an extension, the wall time reported for the new end of the lease
+	// follows the monotonic clock, which is what the comparisons use.
+	createdAt   time.Time
+	lockedUntil time.Duration
+	expiresAt   time.Duration
+	completedAt time.Duration // meaningful once complete
+
+	// The result, once complete. data holds the header encoded by
+	// appendHeader (when there is one), then the body; it is never
+	// written after Complete, so what is read from it may share it.
+	data      []byte
+	status    int
+	reference string
+	mode      idem.StorageMode
+	complete  bool
+	hasHeader bool // the header was not nil (an empty one is kept as empty)
 }
 
-// own returns a copy of fingerprint, in the entry when it fits.
-func (e *entry) own(fingerprint []byte) []byte {
-	if len(fingerprint) == 0 {
-		return nil
+// own stores a copy of fingerprint, in the entry when it fits.
+func (e *entry) own(fingerprint []byte) {
+	switch {
+	case len(fingerprint) == 0:
+		e.fingerprint = nil
+	case len(fingerprint) <= len(e.fp):
+		e.fingerprint = e.fp[:copy(e.fp[:], fingerprint):len(fingerprint)]
+	default:
+		e.fingerprint = append([]byte(nil), fingerprint...)
 	}
-	if len(fingerprint) <= len(e.fp) {
-		return e.fp[:copy(e.fp[:], fingerprint):len(fingerprint)]
-	}
-	return append([]byte(nil), fingerprint...)
+}
+
+func (e *entry) inFlight() bool { return !e.complete }
+
+// at returns the time offset d after the claim.
+func (e *entry) at(d time.Duration) time.Time { return e.createdAt.Add(d) }
+
+// since returns the offset of t from the claim.
+func (e *entry) since(t time.Time) time.Duration { return t.Sub(e.createdAt) }
+
+func (e *entry) sameFingerprint(fingerprint []byte) bool {
+	return bytes.Equal(e.fingerprint, fingerprint)
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -65,18 +110,66 @@ func New(config *Config) *Store {
 		s.now = config.NowFunc
 	}
 	for i := range s.shards {
-		s.shards[i].records = make(map[recordID]*idem.Record)
+		s.shards[i].records = make(map[uint64]*entry)
 	}
 	return s
 }
 
-func (s *Store) shard(tenant, key string) *shard {
+// locate returns the shard of (tenant, key) and the hash it is filed
+// under there. Different pairs may hash alike (the separator does not
+// make the input unambiguous, and 64 bits may collide): lookups compare
+// the pair itself.
+func (s *Store) locate(tenant, key string) (*shard, uint64) {
 	var h maphash.Hash
 	h.SetSeed(s.seed)
 	h.WriteString(tenant)
 	h.WriteByte(0)
 	h.WriteString(key)
-	return &s.shards[h.Sum64()%shardCount]
+	sum := h.Sum64()
+	return &s.shards[sum%shardCount], sum
+}
+
+// find returns the entry of (tenant, key) filed under h, or nil.
+func (sh *shard) find(h uint64, tenant, key string) *entry {
+	return sh.records[h].find(tenant, key)
+}
+
+// find returns the entry of (tenant, key) in the chain that starts at e,
+// or nil.
+func (e *entry) find(tenant, key string) *entry {
+	for ; e != nil; e = e.next {
+		if e.tenant == tenant && e.key == key {
+			return e
+		}
+	}
+	return nil
+}
+
+// remove unfiles e, which is filed under h.
+func (sh *shard) remove(h uint64, e *entry) {
+	if head := unlink(sh.records[h], e); head != nil {
+		sh.records[h] = head
+	} else {
+		delete(sh.records, h)
+	}
+}
+
+// unlink removes e from the chain that starts at head and returns the
+// chain's new head.
+func unlink(head, e *entry) *entry {
+	if head == e {
+		next := e.next
+		e.next = nil
+		return next
+	}
+	for p := head; p != nil; p = p.next {
+		if p.next == e {
+			p.next = e.next
+			e.next = nil
+			break
+		}
+	}
+	return head
 }
 
 // Claim implements idem.Store.
@@ -84,32 +177,34 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	if err := ctx.Err(); err != nil {
 		return idem.ClaimResult{}, err
 	}
-	sh := s.shard(p.Tenant, p.Key)
+	sh, h := s.locate(p.Tenant, p.Key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := s.now()
-	id := recordID{p.Tenant, p.Key}
-	rec := sh.records[id]
-	if rec != nil && now.Before(rec.ExpiresAt) {
-		takeover := rec.State == idem.StateInFlight && !now.Before(rec.LockedUntil) && rec.SameFingerprint(p.Fingerprint)
+	head := sh.records[h]
+	old := head.find(p.Tenant, p.Key)
+	if old != nil && now.Before(old.at(old.expiresAt)) {
+		takeover := old.inFlight() && !now.Before(old.at(old.lockedUntil)) && old.sameFingerprint(p.Fingerprint)
 		if !takeover {
-			return idem.ClaimResult{Record: copyRecord(rec)}, nil
+			return idem.ClaimResult{Record: old.record()}, nil
 		}
 	}
-	// The record and a fingerprint of the usual size (SHA-256) share one
-	// allocation.
-	e := &entry{}
-	e.rec = idem.Record{
-		Tenant:      p.Tenant,
-		Key:         p.Key,
-		Fingerprint: e.own(p.Fingerprint),
-		State:       idem.StateInFlight,
-		LeaseToken:  p.Token,
-		LockedUntil: now.Add(p.Lease),
-		CreatedAt:   now,
-		ExpiresAt:   now.Add(p.Retention),
+	e := &entry{
+		tenant:      p.Tenant,
+		key:         p.Key,
+		token:       p.Token,
+		createdAt:   now,
+		lockedUntil: p.Lease,
+		expiresAt:   p.Retention,
 	}
-	sh.records[id] = &e.rec
+	e.own(p.Fingerprint)
+	// Filed at the head of the chain, in place of the record taken over:
+	// one map write, the map read above being enough.
+	if old != nil {
+		head = unlink(head, old)
+	}
+	e.next = head
+	sh.records[h] = e
 	return idem.ClaimResult{Won: true}, nil
 }
 
@@ -120,20 +215,18 @@ func (s *Store) Begin(ctx context.Context) (idem.Tx, error) {
 
 // Extend implements idem.Store.
 func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
-	return s.held(p.Tenant, p.Key, p.Token, func(sh *shard, rec *idem.Record, now time.Time) error {
-		rec.LockedUntil = now.Add(p.Lease)
-		if rec.ExpiresAt.Before(rec.LockedUntil) {
-			rec.ExpiresAt = rec.LockedUntil
+	return s.held(p.Tenant, p.Key, p.Token, func(sh *shard, h uint64, e *entry, now time.Time) {
+		e.lockedUntil = e.since(now) + p.Lease
+		if e.expiresAt < e.lockedUntil {
+			e.expiresAt = e.lockedUntil
 		}
-		return nil
 	})
 }
 
 // Release implements idem.Store.
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
-	err := s.held(p.Tenant, p.Key, p.Token, func(sh *shard, rec *idem.Record, now time.Time) error {
-		delete(sh.records, recordID{p.Tenant, p.Key})
-		return nil
+	err := s.held(p.Tenant, p.Key, p.Token, func(sh *shard, h uint64, e *entry, now time.Time) {
+		sh.remove(h, e)
 	})
 	if err == idem.ErrLeaseLost {
 		return nil
@@ -143,27 +236,28 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 
 // held runs fn under the shard lock when (tenant, key) is in flight under
 // token, and returns idem.ErrLeaseLost otherwise.
-func (s *Store) held(tenant, key string, token int64, fn func(*shard, *idem.Record, time.Time) error) error {
-	sh := s.shard(tenant, key)
+func (s *Store) held(tenant, key string, token int64, fn func(sh *shard, h uint64, e *entry, now time.Time)) error {
+	sh, h := s.locate(tenant, key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	rec := sh.records[recordID{tenant, key}]
-	if rec == nil || rec.State != idem.StateInFlight || rec.LeaseToken != token {
+	e := sh.find(h, tenant, key)
+	if e == nil || !e.inFlight() || e.token != token {
 		return idem.ErrLeaseLost
 	}
-	return fn(sh, rec, s.now())
+	fn(sh, h, e, s.now())
+	return nil
 }
 
 // Get implements idem.Store.
 func (s *Store) Get(ctx context.Context, tenant, key string) (*idem.Record, error) {
-	sh := s.shard(tenant, key)
+	sh, h := s.locate(tenant, key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	rec := sh.records[recordID{tenant, key}]
-	if rec == nil {
+	e := sh.find(h, tenant, key)
+	if e == nil {
 		return nil, idem.ErrNotFound
 	}
-	return copyRecord(rec), nil
+	return e.record(), nil
 }
 
 // Purge implements idem.Store. It locks one shard at a time, so claims on
@@ -184,15 +278,21 @@ func (s *Store) Purge(ctx context.Context, p idem.PurgeParams) (int, error) {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		now := s.now()
-		for id, rec := range sh.records {
-			if deleted >= limit {
-				break
+	purge:
+		for h, head := range sh.records {
+			for e := head; e != nil; {
+				if deleted >= limit {
+					break purge
+				}
+				next := e.next
+				if now.Before(e.at(e.expiresAt)) || (e.inFlight() && now.Before(e.at(e.lockedUntil))) {
+					e = next
+					continue
+				}
+				sh.remove(h, e)
+				deleted++
+				e = next
 			}
-			if now.Before(rec.ExpiresAt) || (rec.State == idem.StateInFlight && now.Before(rec.LockedUntil)) {
-				continue
-			}
-			delete(sh.records, id)
-			deleted++
 		}
 		sh.mu.Unlock()
 	}
@@ -203,9 +303,14 @@ func (s *Store) Purge(ctx context.Context, p idem.PurgeParams) (int, error) {
 func (s *Store) Len() int {
 	n := 0
 	for i := range s.shards {
-		s.shards[i].mu.Lock()
-		n += len(s.shards[i].records)
-		s.shards[i].mu.Unlock()
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, head := range sh.records {
+			for e := head; e != nil; e = e.next {
+				n++
+			}
+		}
+		sh.mu.Unlock()
 	}
 	return n
 }
@@ -220,43 +325,154 @@ func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	// Copied before taking the lock: the caller reuses its buffers.
 	res := p.Result
-	res.Body = append([]byte(nil), res.Body...)
-	res.Header = copyHeader(res.Header)
-	return t.s.held(p.Tenant, p.Key, p.Token, func(sh *shard, rec *idem.Record, now time.Time) error {
-		rec.State = idem.StateComplete
-		rec.Result = res
-		rec.CompletedAt = now
-		return nil
+	var data []byte
+	if len(res.Body) > 0 || len(res.Header) > 0 {
+		// The header is encoded first on the stack, in one pass over the
+		// map, then copied with the body: one allocation of the exact
+		// size.
+		var scratch [512]byte
+		header := appendHeader(scratch[:0], res.Header)
+		data = make([]byte, len(header)+len(res.Body))
+		copy(data[copy(data, header):], res.Body)
+	}
+	return t.s.held(p.Tenant, p.Key, p.Token, func(sh *shard, h uint64, e *entry, now time.Time) {
+		e.complete = true
+		e.completedAt = e.since(now)
+		e.mode = res.Mode
+		e.status = res.Status
+		e.reference = res.Reference
+		e.data = data
+		e.hasHeader = res.Header != nil
 	})
 }
 
-// copyRecord returns a copy that shares nothing mutable with the stored
-// record: callers may keep and change it.
-func copyRecord(rec *idem.Record) *idem.Record {
-	c := *rec
-	c.Fingerprint = append([]byte(nil), rec.Fingerprint...)
-	c.Result.Body = append([]byte(nil), rec.Result.Body...)
-	c.Result.Header = copyHeader(rec.Result.Header)
-	return &c
+// record returns e as an idem.Record that shares nothing mutable with the
+// store: callers may keep and change it.
+func (e *entry) record() *idem.Record {
+	rec := &idem.Record{
+		Tenant:      e.tenant,
+		Key:         e.key,
+		State:       idem.StateInFlight,
+		LeaseToken:  e.token,
+		LockedUntil: e.at(e.lockedUntil),
+		CreatedAt:   e.createdAt,
+		ExpiresAt:   e.at(e.expiresAt),
+	}
+	header, body := e.split()
+	// The fingerprint and the body share one copy, each capped so that an
+	// append to one cannot run into the other.
+	if n := len(e.fingerprint) + len(body); n > 0 {
+		buf := make([]byte, 0, n)
+		buf = append(buf, e.fingerprint...)
+		buf = append(buf, body...)
+		if len(e.fingerprint) > 0 {
+			rec.Fingerprint = buf[:len(e.fingerprint):len(e.fingerprint)]
+		}
+		if len(body) > 0 {
+			rec.Result.Body = buf[len(e.fingerprint):n:n]
+		}
+	}
+	if !e.complete {
+		return rec
+	}
+	rec.State = idem.StateComplete
+	rec.CompletedAt = e.at(e.completedAt)
+	rec.Result.Mode = e.mode
+	rec.Result.Status = e.status
+	rec.Result.Reference = e.reference
+	if e.hasHeader {
+		rec.Result.Header = readHeader(header)
+	}
+	return rec
 }
 
-// copyHeader copies h with all its values in one backing array: two
-// allocations whatever the number of fields.
-func copyHeader(h map[string][]string) map[string][]string {
+// split returns the encoded header and the body held in e.data.
+func (e *entry) split() (header, body []byte) {
+	if !e.hasHeader {
+		return nil, e.data
+	}
+	fields, b := uvarint(e.data)
+	_, body = countValues(b, fields)
+	return e.data[:len(e.data)-len(body)], body
+}
+
+// The header is stored as the count of its fields, then for each field
+// its name and its values, each string prefixed by its length, every
+// number a uvarint. A byte encoding rather than a copy of the map: one
+// allocation (shared with the body) that holds no pointers, which the
+// garbage collector never scans.
+
+// appendHeader appends the encoding of h to b; nothing when h is nil.
+func appendHeader(b []byte, h map[string][]string) []byte {
 	if h == nil {
-		return nil
+		return b
 	}
-	n := 0
-	for _, v := range h {
-		n += len(v)
-	}
-	values := make([]string, 0, n)
-	c := make(map[string][]string, len(h))
+	b = binary.AppendUvarint(b, uint64(len(h)))
 	for k, v := range h {
-		start := len(values)
-		values = append(values, v...)
-		c[k] = values[start:len(values):len(values)]
+		b = binary.AppendUvarint(b, uint64(len(k)))
+		b = append(b, k...)
+		b = binary.AppendUvarint(b, uint64(len(v)))
+		for _, s := range v {
+			b = binary.AppendUvarint(b, uint64(len(s)))
+			b = append(b, s...)
+		}
 	}
-	return c
+	return b
+}
+
+// readHeader decodes what appendHeader wrote, into a new map whose values
+// share one backing array. The strings share the stored bytes, which are
+// never written again: strings cannot change them either.
+func readHeader(b []byte) map[string][]string {
+	fields, b := uvarint(b)
+	h := make(map[string][]string, fields)
+	total, _ := countValues(b, fields)
+	values := make([]string, 0, total)
+	for range fields {
+		var name string
+		name, b = lenString(b)
+		var n int
+		n, b = uvarint(b)
+		start := len(values)
+		for range n {
+			var v string
+			v, b = lenString(b)
+			values = append(values, v)
+		}
+		h[name] = values[start:len(values):len(values)]
+	}
+	return h
+}
+
+// countValues returns the number of values of the fields encoded at the
+// start of b, and what follows them.
+func countValues(b []byte, fields int) (int, []byte) {
+	total := 0
+	for range fields {
+		n, rest := uvarint(b)
+		b = rest[n:] // the name
+		n, b = uvarint(b)
+		total += n
+		for range n {
+			n, rest := uvarint(b)
+			b = rest[n:]
+		}
+	}
+	return total, b
+}
+
+func uvarint(b []byte) (int, []byte) {
+	v, n := binary.Uvarint(b)
+	return int(v), b[n:]
+}
+
+// lenString reads a length-prefixed string sharing b.
+func lenString(b []byte) (string, []byte) {
+	n, b := uvarint(b)
+	if n == 0 {
+		return "", b
+	}
+	return unsafe.String(&b[0], n), b[n:]
 }
