@@ -113,10 +113,12 @@ type claimOutcome struct {
 type claimBatcher struct {
 	store   *Store
 	maxSize int
+	// maxRunning bounds the claim statements running at once.
+	maxRunning int
 
 	mu      sync.Mutex
 	queue   []*claimWaiter
-	running bool
+	running int // goroutines sending batches
 
 	// statements counts the batch statements sent, for the tests.
 	statements atomic.Int64
@@ -126,8 +128,10 @@ func (b *claimBatcher) claim(ctx context.Context, p idem.ClaimParams, fingerprin
 	w := &claimWaiter{ctx: ctx, p: p, fingerprint: fingerprint, done: make(chan claimOutcome, 1)}
 	b.mu.Lock()
 	b.queue = append(b.queue, w)
-	start := !b.running
-	b.running = true
+	start := b.running < b.maxRunning
+	if start {
+		b.running++
+	}
 	b.mu.Unlock()
 	if start {
 		go b.run()
@@ -148,7 +152,7 @@ func (b *claimBatcher) run() {
 		b.mu.Lock()
 		batch := b.take()
 		if len(batch) == 0 {
-			b.running = false
+			b.running--
 			b.mu.Unlock()
 			return
 		}

@@ -76,8 +76,17 @@
 // expires. The statement is cancelled only when every caller in the batch
 // has given up.
 //
-// Set Config.ClaimBatchSize to 1 for one statement per claim, each on its
-// own pool connection, as before batching existed.
+// By default one claim statement runs at a time (Config.ClaimConcurrency),
+// which makes the batches largest. That suits a database whose CPU is the
+// limit, as on the machine of docs/BENCHMARKS.md, where it took fresh-key
+// throughput from 0.56× to 0.63× a bare handler's and replays from 1.9× to
+// 3.5×. Where the database is a few milliseconds away and idle, round trips
+// are the limit, and waiting for the statement in flight costs more than
+// batching saves: with 2 ms between the application and PostgreSQL the
+// same load ran at 0.73× (fresh keys) and 1.4× (replays) batched, 0.78×
+// and 2.0× with ClaimConcurrency 4, and 0.87× and 2.7× with one statement
+// per claim. Set Config.ClaimBatchSize to 1 for one statement per claim,
+// each on its own pool connection, as before batching existed.
 //
 // # Asynchronous claims
 //

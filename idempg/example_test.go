@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idempg"
@@ -122,4 +123,42 @@ func ExampleStore_CompleteTx() {
 	}
 	fmt.Println(rec.State)
 	// Prints (run by TestExamples when the server is up): complete
+}
+
+// Claims made at the same time share one statement (up to
+// ClaimBatchSize). Twenty requests with twenty keys, released together:
+// the first goes out alone, the others queue behind it and follow in one
+// or two statements, and each key is claimed once.
+func ExampleNewWithConfig() {
+	ctx := context.Background()
+	pool, drop := exampleSchema(ctx)
+	defer drop()
+	if err := idempg.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	store := idempg.NewWithConfig(pool, &idempg.Config{ClaimBatchSize: 16})
+
+	start := make(chan struct{})
+	won := make(chan bool, 20)
+	for i := range 20 {
+		go func() {
+			<-start
+			res, err := store.Claim(ctx, idem.ClaimParams{
+				Tenant: "acme", Key: fmt.Sprintf("order-%d", i),
+				Token: int64(i + 1), Lease: time.Minute, Retention: time.Hour,
+			})
+			if err != nil {
+				log.Fatal(err)
+			}
+			won <- res.Won
+		}()
+	}
+	close(start)
+	claimed := 0
+	for range 20 {
+		if <-won {
+			claimed++
+		}
+	}
+	fmt.Println("claimed:", claimed)
 }

@@ -39,6 +39,7 @@ var claimModes = []struct {
 	config *idempg.Config
 }{
 	{"batched", nil},
+	{"batched4", &idempg.Config{ClaimConcurrency: 4}},
 	{"single", &idempg.Config{ClaimBatchSize: 1}},
 }
 

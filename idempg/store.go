@@ -38,7 +38,21 @@ type Config struct {
 	// batching off: every claim is its own statement, run concurrently on
 	// the pool.
 	ClaimBatchSize int
+
+	// ClaimConcurrency is how many claim statements of this Store may run
+	// at once when claims are batched; claims queue only when that many
+	// are running. Zero means DefaultClaimConcurrency, 1: the largest
+	// batches and the least work per claim for the database, which is
+	// what a busy database needs. The price is waiting: under concurrent
+	// load a claim waits for the statement in flight, half a round trip
+	// on average. Where the database is far (a round trip of milliseconds)
+	// and has CPU to spare, a higher value, or ClaimBatchSize 1, answers
+	// sooner; docs/BENCHMARKS.md measures both cases.
+	ClaimConcurrency int
 }
+
+// DefaultClaimConcurrency is Config.ClaimConcurrency when it is left zero.
+const DefaultClaimConcurrency = 1
 
 var _ idem.Store = (*Store)(nil)
 
@@ -58,7 +72,11 @@ func NewWithConfig(pool *pgxpool.Pool, config *Config) *Store {
 		size = config.ClaimBatchSize
 	}
 	if size > 1 {
-		s.batcher = &claimBatcher{store: s, maxSize: size}
+		running := DefaultClaimConcurrency
+		if config != nil && config.ClaimConcurrency > 0 {
+			running = config.ClaimConcurrency
+		}
+		s.batcher = &claimBatcher{store: s, maxSize: size, maxRunning: running}
 	}
 	return s
 }

@@ -65,6 +65,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	variantSQL := fs.String("variant", "", "SQL run on a second schema after the migrations, measured as scenario (b') beside (b); for example \"ALTER TABLE idem_keys SET (fillfactor = 50)\"")
 	rtt := fs.Duration("rtt", 0, "simulated round-trip time between the application and PostgreSQL (loopback has almost none); 0 measures plain loopback")
 	claimBatch := fs.Int("claim-batch", 0, "idempg.Config.ClaimBatchSize of the idem routes (b) and (c); 0 is idempg's default, 1 sends each claim alone")
+	claimConcurrency := fs.Int("claim-concurrency", 0, "idempg.Config.ClaimConcurrency of (b) and (c); 0 is idempg's default")
 	variantClaimBatch := fs.Int("variant-claim-batch", 0, "idempg.Config.ClaimBatchSize of (b'); setting it adds (b') even without -variant")
 	withOneTx := fs.Bool("onetx", false, "also measure (e), a claim inside the business transaction (not idem's design), fresh keys and duplicate pairs")
 	only := fs.String("only", "", "comma-separated scenarios to run (a,b,b',c,d), for profiling one of them; default all")
@@ -97,7 +98,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		defer variant.close()
 	}
 
-	mux, err := newMux(db, variant, &idempg.Config{ClaimBatchSize: *claimBatch}, &idempg.Config{ClaimBatchSize: *variantClaimBatch})
+	mux, err := newMux(db, variant, &idempg.Config{ClaimBatchSize: *claimBatch, ClaimConcurrency: *claimConcurrency}, &idempg.Config{ClaimBatchSize: *variantClaimBatch})
 	if err != nil {
 		return err
 	}
