@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -35,6 +36,16 @@ type Config struct {
 	// (failures, poison, in flight, acknowledgement errors). Defaults to
 	// the inbox's logger.
 	Logger *slog.Logger
+
+	// ProgressInterval is how often a message whose handler is still
+	// running is reported in progress to the server (msg.InProgress),
+	// which restarts its AckWait: a handler slower than AckWait then keeps
+	// its message instead of the server sending a copy to another
+	// instance (which the inbox would answer "in flight", nack, and see
+	// again until the first one finishes). Zero means a third of the
+	// consumer's AckWait in Consume, and never in Handle, which does not
+	// know it; negative turns it off.
+	ProgressInterval time.Duration
 }
 
 // Consumer runs a handler through an inbox for JetStream messages. It is
@@ -45,6 +56,8 @@ type Consumer struct {
 	handler HandlerFunc
 	keyFunc func(jetstream.Msg) (string, error)
 	logger  *slog.Logger
+	// progress is Config.ProgressInterval.
+	progress time.Duration
 
 	observe func(jetstream.Msg, ideminbox.Decision, error)
 }
@@ -64,6 +77,9 @@ func New(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*Consumer
 	}
 	if config != nil && config.Logger != nil {
 		c.logger = config.Logger
+	}
+	if config != nil {
+		c.progress = config.ProgressInterval
 	}
 	return c, nil
 }
@@ -86,6 +102,12 @@ func DefaultKey(msg jetstream.Msg) (string, error) {
 // error that explains it (see ideminbox.Inbox.Process), or the error of
 // the acknowledgement.
 func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (ideminbox.Decision, error) {
+	return c.handle(ctx, msg, c.progress)
+}
+
+// handle is Handle, reporting progress every interval while the message
+// is processed (not when interval ≤ 0).
+func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg, interval time.Duration) (ideminbox.Decision, error) {
 	id, err := c.keyFunc(msg)
 	if err != nil {
 		// Without a key the message cannot be processed safely; Term hands
@@ -97,7 +119,9 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (ideminbox.Dec
 	if md, err := msg.Metadata(); err == nil {
 		m.Attempt = int(min(md.NumDelivered, 1<<31-1))
 	}
+	stop := reportProgress(msg, interval)
 	d, err := c.inbox.Process(ctx, m, func(ctx context.Context) error { return c.handler(ctx, msg) })
+	stop()
 	if c.observe != nil {
 		c.observe(msg, d, err)
 	}
@@ -134,11 +158,15 @@ func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer, opts ..
 				info.Name, md, c.inbox.Config().MaxAttempts)
 		}
 	}
+	progress := c.progress
+	if info := cons.CachedInfo(); progress == 0 && info != nil {
+		progress = info.Config.AckWait / 3
+	}
 	// A message in hand when ctx ends still runs to its commit and its
 	// ack: cancelling it would only waste the work and cause a redelivery.
 	work := context.WithoutCancel(ctx)
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		d, err := c.Handle(work, msg)
+		d, err := c.handle(work, msg, progress)
 		c.log(ctx, msg, d, err)
 	}, opts...)
 	if err != nil {
@@ -148,6 +176,35 @@ func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer, opts ..
 	cc.Stop()
 	<-cc.Closed()
 	return nil
+}
+
+// reportProgress tells the server every interval that msg is still being
+// worked on, until the returned function is called. The reports are best
+// effort: one that fails leaves the server to redeliver after AckWait,
+// which the inbox handles.
+func reportProgress(msg jetstream.Msg, interval time.Duration) (stop func()) {
+	if interval <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		ticker := time.NewTicker(interval)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ticker.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished // no report may follow the acknowledgement
+	}
 }
 
 func (c *Consumer) log(ctx context.Context, msg jetstream.Msg, d ideminbox.Decision, err error) {

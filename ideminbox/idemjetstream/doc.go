@@ -17,6 +17,9 @@
 // inbox's MaxAttempts, so that the inbox, not the server, decides when a
 // message is poison; Consume refuses a consumer that would drop messages
 // first. Its AckWait bounds how long a delivery may stay unacknowledged
-// before the server sends it again, to this or another instance; the inbox
-// answers such a copy "in flight" while the first one runs.
+// before the server sends it again, to this or another instance; while a
+// handler runs, Consume reports the message in progress every third of
+// AckWait (Config.ProgressInterval), so that a slow handler keeps its
+// message. A copy sent anyway (the process stalled, a report was lost) is
+// answered "in flight" by the inbox while the first one runs.
 package idemjetstream
