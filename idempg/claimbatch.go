@@ -104,12 +104,13 @@ type claimOutcome struct {
 }
 
 // claimBatcher runs the claims of one Store in batches. Claims queue; when
-// none is running, a goroutine starts and sends everything queued as one
-// statement, then whatever queued while that statement ran, and so on,
-// and exits when the queue is empty. A lone claim therefore goes out at
-// once, as a batch of one: batching adds no waiting when there is nothing
-// to batch with, and under load a claim waits at most for the statement
-// already running, the way a group commit does.
+// fewer than maxRunning senders are running, a claim starts one, which
+// sends everything queued as one statement, then whatever queued while
+// that statement ran, and so on, and exits when the queue is empty. A
+// lone claim therefore goes out at once, as a batch of one: batching adds
+// no waiting when there is nothing to batch with, and under load a claim
+// waits at most for the statement already running, the way a group
+// commit does.
 type claimBatcher struct {
 	store   *Store
 	maxSize int
