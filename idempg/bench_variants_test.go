@@ -24,6 +24,11 @@ import (
 //   - twotrip: the completion and the COMMIT are two round trips;
 //   - eagerbegin: Begin sends BEGIN in a round trip of its own.
 //
+// Every variant, and the baselines, send one statement per claim
+// (ClaimBatchSize 1), since the claim variants edit that statement; the
+// Batched benchmarks put claims in batches back (idempg's default), to be
+// compared with the baselines.
+//
 // Compare with BenchmarkVariantFreshBaseline and
 // BenchmarkVariantReplayBaseline, run in the same process. One step was
 // measured and dropped: preparing idem_complete once per connection
@@ -51,7 +56,7 @@ func variantEngine(b *testing.B, edit func(s *Store), wrap func(s *Store) idem.S
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, ref text NOT NULL, note text)`); err != nil {
 		b.Fatal(err)
 	}
-	s := New(pool)
+	s := NewWithConfig(pool, &Config{ClaimBatchSize: 1})
 	var store idem.Store = s
 	if edit != nil {
 		edit(s)
@@ -79,6 +84,12 @@ func lockReplay(s *Store) {
 	if s.claimQuery == claimSQL {
 		panic("lockReplay: claimSQL changed; update the variant")
 	}
+}
+
+// batched sends claims in batches, as New does.
+func batched(s *Store) {
+	s.batcher = NewWithConfig(s.pool, nil).batcher
+	s.batcher.store = s
 }
 
 func twoTrip(s *Store) idem.Store { return twoTripStore{s} }
@@ -173,7 +184,13 @@ func BenchmarkVariantFreshTwoTrip(b *testing.B) {
 func BenchmarkVariantFreshEagerBegin(b *testing.B) {
 	benchEngine(b, variantEngine(b, nil, eagerBegin), false)
 }
+func BenchmarkVariantFreshBatched(b *testing.B) {
+	benchEngine(b, variantEngine(b, batched, nil), false)
+}
 func BenchmarkVariantReplayBaseline(b *testing.B) { benchEngine(b, variantEngine(b, nil, nil), true) }
+func BenchmarkVariantReplayBatched(b *testing.B) {
+	benchEngine(b, variantEngine(b, batched, nil), true)
+}
 func BenchmarkVariantReplayLock(b *testing.B) {
 	benchEngine(b, variantEngine(b, lockReplay, nil), true)
 }

@@ -40,7 +40,17 @@ const claimSQL = `WITH cur AS (
 		now() + $5::bigint * interval '1 microsecond', now(), now() + $6::bigint * interval '1 microsecond'
 	FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async
 	WHERE NOT EXISTS (SELECT FROM cur WHERE NOT cur.claimable)
-	ON CONFLICT (tenant_id, idem_key) DO UPDATE SET
+` + claimConflict + `
+	RETURNING 1
+)
+SELECT EXISTS (SELECT FROM ins), ` + curColumns + `
+FROM (VALUES (1)) AS one LEFT JOIN cur c ON NOT c.claimable`
+
+// claimConflict is the ON CONFLICT clause of a claim's INSERT, shared by
+// claimSQL and claimBatchSQL: it takes the row over only when it is past
+// retention, or in flight with an expired lease and the same fingerprint,
+// the conditions under which the cur CTE calls a row claimable.
+const claimConflict = `	ON CONFLICT (tenant_id, idem_key) DO UPDATE SET
 		fingerprint = excluded.fingerprint,
 		state = 'in_flight',
 		lease_token = excluded.lease_token,
@@ -54,11 +64,7 @@ const claimSQL = `WITH cur AS (
 		completed_at = NULL,
 		expires_at = excluded.expires_at
 	WHERE k.expires_at <= now()
-		OR (k.state = 'in_flight' AND k.locked_until <= now() AND k.fingerprint IS NOT DISTINCT FROM excluded.fingerprint)
-	RETURNING 1
-)
-SELECT EXISTS (SELECT FROM ins), ` + curColumns + `
-FROM (VALUES (1)) AS one LEFT JOIN cur c ON NOT c.claimable`
+		OR (k.state = 'in_flight' AND k.locked_until <= now() AND k.fingerprint IS NOT DISTINCT FROM excluded.fingerprint)`
 
 // curColumns are recordColumns read from the cur CTE.
 const curColumns = `c.fingerprint, c.state, c.lease_token, c.locked_until, c.storage_mode, c.status_code,

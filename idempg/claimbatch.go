@@ -1,6 +1,7 @@
 package idempg
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"slices"
@@ -58,21 +59,7 @@ const claimBatchSQL = `WITH req AS (
 	FROM req r, (SELECT set_config('synchronous_commit', 'off', true)) AS async
 	WHERE NOT EXISTS (SELECT FROM cur WHERE cur.i = r.i AND NOT cur.claimable)
 	ORDER BY r.i
-	ON CONFLICT (tenant_id, idem_key) DO UPDATE SET
-		fingerprint = excluded.fingerprint,
-		state = 'in_flight',
-		lease_token = excluded.lease_token,
-		locked_until = excluded.locked_until,
-		storage_mode = 0,
-		status_code = NULL,
-		response_headers = NULL,
-		response_body = NULL,
-		resource_ref = NULL,
-		created_at = excluded.created_at,
-		completed_at = NULL,
-		expires_at = excluded.expires_at
-	WHERE k.expires_at <= now()
-		OR (k.state = 'in_flight' AND k.locked_until <= now() AND k.fingerprint IS NOT DISTINCT FROM excluded.fingerprint)
+` + claimConflict + `
 	RETURNING k.tenant_id, k.idem_key
 )
 SELECT r.i, EXISTS (SELECT FROM ins WHERE ins.tenant_id = r.tenant_id AND ins.idem_key = r.idem_key), ` + curColumns + `
@@ -93,6 +80,11 @@ type claimWaiter struct {
 	fingerprint []byte // p.Fingerprint, or nil for none (NULL)
 	// attempts counts the batches that ran this claim; see claimAttempts.
 	attempts int
+	// followers are claims of the same tenant, key and fingerprint,
+	// queued after this one, that ride on its statement: when it loses,
+	// they lose to the same record (they would have read the same row in
+	// the same instant); when it wins, they queue again and find it held.
+	followers []*claimWaiter
 	// done receives exactly one outcome; buffered so that the batcher
 	// never waits for a caller that gave up.
 	done chan claimOutcome
@@ -135,7 +127,11 @@ func (b *claimBatcher) claim(ctx context.Context, p idem.ClaimParams, fingerprin
 	}
 	b.mu.Unlock()
 	if start {
-		go b.run()
+		// The caller sends the first batch itself, which holds its own
+		// claim unless the queue was longer than a batch: a lone claim
+		// then costs no goroutine and no hand-off. Whatever queued
+		// meanwhile goes on in a goroutine of its own.
+		b.step()
 	}
 	select {
 	case o := <-w.done:
@@ -145,6 +141,25 @@ func (b *claimBatcher) claim(ctx context.Context, p idem.ClaimParams, fingerprin
 		// batcher then releases it (see deliver).
 		return idem.ClaimResult{}, context.Cause(ctx)
 	}
+}
+
+// step sends one batch for a sender that claim has just counted in
+// running, then leaves the rest of the queue to run.
+func (b *claimBatcher) step() {
+	b.mu.Lock()
+	batch := b.take()
+	b.mu.Unlock()
+	if len(batch) > 0 {
+		b.exec(batch)
+	}
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.running--
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	go b.run()
 }
 
 // run sends batches until the queue is empty.
@@ -163,30 +178,37 @@ func (b *claimBatcher) run() {
 }
 
 // take removes the next batch from the queue: up to maxSize claims, in
-// arrival order, at most one per (tenant, key); a second claim of a key
-// already in the batch stays queued for the next one, where it will find
-// the first one's record. Claims whose caller already gave up are dropped.
-// b.mu is held.
+// arrival order, at most one per (tenant, key), with the claims that
+// follow it (see claimWaiter.followers). A claim of a key already in the
+// batch with another fingerprint stays queued for the next batch, where it
+// will find the first one's record. Claims whose caller already gave up
+// are dropped. b.mu is held.
 func (b *claimBatcher) take() []*claimWaiter {
 	var batch []*claimWaiter
-	var seen map[identity]struct{}
+	var leaders map[identity]*claimWaiter
 	rest := b.queue[:0]
 	for _, w := range b.queue {
 		if w.ctx.Err() != nil {
 			continue
 		}
 		id := identity{w.p.Tenant, w.p.Key}
-		if len(batch) < b.maxSize {
-			if _, dup := seen[id]; !dup {
-				if seen == nil {
-					seen = make(map[identity]struct{}, len(b.queue))
-				}
-				seen[id] = struct{}{}
-				batch = append(batch, w)
-				continue
+		if leader, dup := leaders[id]; dup {
+			if bytes.Equal(leader.fingerprint, w.fingerprint) {
+				leader.followers = append(leader.followers, w)
+			} else {
+				rest = append(rest, w)
 			}
+			continue
 		}
-		rest = append(rest, w)
+		if len(batch) == b.maxSize {
+			rest = append(rest, w)
+			continue
+		}
+		if leaders == nil {
+			leaders = make(map[identity]*claimWaiter, len(b.queue))
+		}
+		leaders[id] = w
+		batch = append(batch, w)
 	}
 	clear(b.queue[len(rest):])
 	b.queue = rest
@@ -195,12 +217,100 @@ func (b *claimBatcher) take() []*claimWaiter {
 
 type identity struct{ tenant, key string }
 
+// claimRow is what a claim statement answered for one claim.
+type claimRow struct {
+	answered bool // false: beaten by a row its snapshot could not see
+	won      bool
+	record   scannedRecord
+}
+
 // exec runs one batch statement and hands each claim its outcome.
 func (b *claimBatcher) exec(batch []*claimWaiter) {
 	slices.SortFunc(batch, func(x, y *claimWaiter) int {
 		return cmp.Or(cmp.Compare(x.p.Tenant, y.p.Tenant), cmp.Compare(x.p.Key, y.p.Key))
 	})
+
+	// The statement serves every caller in the batch, so it is cancelled
+	// only when all of them have given up, not when the first one does.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	remaining := 0
+	for _, w := range batch {
+		for _, x := range append([]*claimWaiter{w}, w.followers...) {
+			remaining++
+			stop := context.AfterFunc(x.ctx, func() {
+				mu.Lock()
+				remaining--
+				if remaining == 0 {
+					cancel()
+				}
+				mu.Unlock()
+			})
+			defer stop()
+		}
+	}
+
+	// Outcomes are handed out only once the statement has ended without
+	// error, that is once its implicit transaction has committed: a claim
+	// is not won before then.
+	b.statements.Add(1)
+	results, err := b.query(ctx, batch)
+	if err != nil {
+		err = interpretError(err)
+		for _, w := range batch {
+			b.deliver(w, claimOutcome{err: err})
+			for _, f := range w.followers {
+				b.deliver(f, claimOutcome{err: err})
+			}
+		}
+		return
+	}
+	var again []*claimWaiter
+	for i, w := range batch {
+		followers := w.followers
+		w.followers = nil
+		res := results[i]
+		switch {
+		case res.answered && res.won:
+			b.deliver(w, claimOutcome{result: idem.ClaimResult{Won: true}})
+			again = append(again, followers...)
+		case res.answered:
+			for _, x := range append([]*claimWaiter{w}, followers...) {
+				rec, err := res.record.record(x.p.Tenant, x.p.Key)
+				b.deliver(x, claimOutcome{result: idem.ClaimResult{Record: rec}, err: err})
+			}
+		default:
+			// As Claim's loop does: a fresh snapshot will read the winner.
+			w.attempts++
+			if w.attempts >= claimAttempts {
+				b.deliver(w, claimOutcome{err: errClaimRace})
+			} else {
+				again = append(again, w)
+			}
+			again = append(again, followers...)
+		}
+	}
+	if len(again) > 0 {
+		b.mu.Lock()
+		b.queue = append(again, b.queue...)
+		b.mu.Unlock()
+	}
+}
+
+// query runs the claims of batch as one statement: claimSQL when there is
+// only one, which costs the server less than claimBatchSQL over one row,
+// else claimBatchSQL. results[i] answers batch[i].
+func (b *claimBatcher) query(ctx context.Context, batch []*claimWaiter) ([]claimRow, error) {
 	n := len(batch)
+	results := make([]claimRow, n)
+	if n == 1 {
+		w, res := batch[0], &results[0]
+		err := b.store.pool.QueryRow(ctx, b.store.claimQuery, w.p.Tenant, w.p.Key, w.fingerprint, w.p.Token,
+			micros(w.p.Lease), micros(w.p.Retention)).Scan(append([]any{&res.won}, res.record.dest()...)...)
+		res.answered = res.won || res.record.present()
+		return results, err
+	}
 	tenants := make([]string, n)
 	keys := make([]string, n)
 	fingerprints := make([][]byte, n)
@@ -211,87 +321,25 @@ func (b *claimBatcher) exec(batch []*claimWaiter) {
 		tenants[i], keys[i], fingerprints[i] = w.p.Tenant, w.p.Key, w.fingerprint
 		tokens[i], leases[i], retentions[i] = w.p.Token, micros(w.p.Lease), micros(w.p.Retention)
 	}
-
-	// The statement serves every caller in the batch, so it is cancelled
-	// only when all of them have given up, not when the first one does.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var mu sync.Mutex
-	remaining := n
-	for _, w := range batch {
-		stop := context.AfterFunc(w.ctx, func() {
-			mu.Lock()
-			remaining--
-			if remaining == 0 {
-				cancel()
-			}
-			mu.Unlock()
-		})
-		defer stop()
-	}
-
-	// Outcomes are handed out only once the statement has ended without
-	// error, that is once its implicit transaction has committed: a claim
-	// is not won before then.
-	outcomes := make([]claimOutcome, n)
-	answered := make([]bool, n)
-	b.statements.Add(1)
 	rows, err := b.store.pool.Query(ctx, claimBatchSQL, tenants, keys, fingerprints, tokens, leases, retentions)
-	if err == nil {
-		for rows.Next() {
-			var i int64
-			var won bool
-			var r scannedRecord
-			if err = rows.Scan(append([]any{&i, &won}, r.dest()...)...); err != nil {
-				break
-			}
-			if i < 1 || i > int64(n) || answered[i-1] {
-				continue
-			}
-			answered[i-1] = true
-			w := batch[i-1]
-			switch {
-			case won:
-				outcomes[i-1].result.Won = true
-			case r.present():
-				outcomes[i-1].result.Record, outcomes[i-1].err = r.record(w.p.Tenant, w.p.Key)
-			default:
-				// Beaten by a row committed after the statement's
-				// snapshot: left unanswered, to run again.
-				answered[i-1] = false
-			}
-		}
-		rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
-	}
 	if err != nil {
-		err = interpretError(err)
-		for _, w := range batch {
-			b.deliver(w, claimOutcome{err: err})
-		}
-		return
+		return nil, err
 	}
-	var retry []*claimWaiter
-	for i, w := range batch {
-		if answered[i] {
-			b.deliver(w, outcomes[i])
+	defer rows.Close()
+	for rows.Next() {
+		var i int64
+		var row claimRow
+		if err := rows.Scan(append([]any{&i, &row.won}, row.record.dest()...)...); err != nil {
+			return nil, err
+		}
+		if i < 1 || i > int64(n) {
 			continue
 		}
-		// As Claim's loop does: a fresh snapshot will read the winner.
-		w.attempts++
-		if w.attempts >= claimAttempts {
-			b.deliver(w, claimOutcome{err: errClaimRace})
-			continue
-		}
-		retry = append(retry, w)
+		row.answered = row.won || row.record.present()
+		results[i-1] = row
 	}
-	if len(retry) > 0 {
-		b.mu.Lock()
-		b.queue = append(retry, b.queue...)
-		b.mu.Unlock()
-	}
+	rows.Close()
+	return results, rows.Err()
 }
 
 // deliver hands w its outcome. When w's caller has already given up and

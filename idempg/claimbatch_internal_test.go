@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/atonce"
 	"github.com/idem-go/idem/internal/testenv"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -23,16 +26,32 @@ import (
 func TestClaimBatches(t *testing.T) {
 	ctx := context.Background()
 	url := testenv.PostgresSchema(t)
-	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=2")
+	// The claims' connections, whose waits on row locks the test watches.
+	cfg, err := pgxpool.ParseConfig(url + "&pool_max_conns=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pidsMu sync.Mutex
+	var pids []uint32
+	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+		pidsMu.Lock()
+		pids = append(pids, c.PgConn().PID())
+		pidsMu.Unlock()
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		testenv.Unavailable(t, "PostgreSQL", err)
 	}
-	defer pool.Close()
+	// Cleanups, not defers: they run after the holding transactions'
+	// rollbacks (registered later, run earlier), so that a failed test
+	// does not wait forever for a claim blocked on their rows.
+	t.Cleanup(pool.Close)
 	other, err := pgxpool.New(ctx, url+"&pool_max_conns=3")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer other.Close()
+	t.Cleanup(other.Close)
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -54,14 +73,22 @@ func TestClaimBatches(t *testing.T) {
 		return tx
 	}
 	blocker1, blocker2 := hold("blocker1"), hold("blocker2")
+	// A completed key, which a burst of retries replays.
+	if _, err := other.Exec(ctx, `INSERT INTO idem_keys (tenant_id, idem_key, fingerprint, state, lease_token, locked_until,
+		status_code, response_body, completed_at, expires_at)
+		VALUES ('t', 'done', 'fp', 'complete', 7, now(), 201, 'ok', now(), now() + interval '1 day')`); err != nil {
+		t.Fatal(err)
+	}
 	waiting := func(statements int64) func() bool {
 		return func() bool {
 			if b.statements.Load() != statements {
 				return false
 			}
+			pidsMu.Lock()
+			ours := slices.Clone(pids)
+			pidsMu.Unlock()
 			var n int
-			err := other.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-				WHERE NOT l.granted AND a.datname = current_database() AND a.query LIKE 'WITH req AS%'`).Scan(&n)
+			err := other.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND pid = ANY($1)`, ours).Scan(&n)
 			return err == nil && n > 0
 		}
 	}
@@ -90,6 +117,20 @@ func TestClaimBatches(t *testing.T) {
 	abandonCtx, abandon := context.WithCancel(ctx)
 	abandoned := claim(abandonCtx, "abandoned", 99)
 	second := claim(ctx, "blocker2", 2)
+	// Ten retries of "done" with its fingerprint: one goes in statement 2,
+	// nine follow it and get its answer. One with another fingerprint
+	// cannot follow, and goes in statement 3.
+	var replays []chan answer
+	for i := range 10 {
+		replays = append(replays, claim(ctx, "done", int64(200+i)))
+	}
+	otherFP := make(chan answer, 1)
+	go func() {
+		p := params("done", 299)
+		p.Fingerprint = []byte("another")
+		res, err := store.Claim(ctx, p)
+		otherFP <- answer{res, err}
+	}()
 	const keys, twice = 40, 20
 	answers := make([]answer, keys+twice)
 	all := make(chan struct{})
@@ -100,10 +141,10 @@ func TestClaimBatches(t *testing.T) {
 		})
 		close(all)
 	}()
-	waitFor(t, "62 claims to queue", func() bool {
+	waitFor(t, "73 claims to queue", func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		return len(b.queue) == len(answers)+2
+		return len(b.queue) == len(answers)+2+len(replays)+1
 	})
 
 	// Statement 2: the abandoned key, blocker2 and the 40 keys, in key
@@ -152,9 +193,16 @@ func TestClaimBatches(t *testing.T) {
 			t.Fatalf("claim %d of %s lost to %+v, want the in-flight record of token %d", i, key, r, winners[key])
 		}
 	}
-	// Statement 3: the 20 second claims.
+	for i, c := range append(replays, otherFP) {
+		a := <-c
+		if r := a.res.Record; a.err != nil || a.res.Won || r == nil || r.State != idem.StateComplete || string(r.Result.Body) != "ok" {
+			t.Fatalf("retry %d of the completed key: %+v (record %+v), %v; want its record", i, a.res, r, a.err)
+		}
+	}
+	// Statement 3: the 20 second claims, which followed the first claims
+	// of their keys in statement 2 and, those having won, queued again.
 	if n := b.statements.Load(); n != 3 {
-		t.Fatalf("%d claim statements, want 3 (blocker1; 42 claims; 20 second claims)", n)
+		t.Fatalf("%d claim statements, want 3 (blocker1; 43 claims and 9 followers; 20 second claims and another fingerprint)", n)
 	}
 	waitFor(t, "the abandoned claim to be released", func() bool {
 		_, err := store.Get(ctx, "t", "abandoned")

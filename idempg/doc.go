@@ -62,9 +62,14 @@
 //
 // Each claim keeps the guarantees of the single statement, because each
 // row is still decided by ON CONFLICT against the latest committed version
-// under the unique index. Two claims of one key never share a batch (ON
-// CONFLICT may not touch a row twice in one statement): the second waits
-// for the next batch, where it finds the first one's record. Rows are
+// under the unique index. A batch of one is sent as the single statement,
+// which costs the server less. Two claims of one key are never two rows of
+// a batch (ON CONFLICT may not touch a row twice in one statement). A
+// later claim with the same fingerprint follows the first: if the first
+// loses, the follower gets the same record, the row both would have read
+// at the same instant (a burst of retries of a completed request costs one
+// read); if the first wins, the follower queues again and finds the key
+// held. A later claim with another fingerprint waits for the next batch. Rows are
 // written in (tenant, key) order, so two batches from two processes take
 // their locks in the same order and cannot deadlock. A batch is answered
 // only once its statement has returned, that is once its implicit
