@@ -66,6 +66,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	rtt := fs.Duration("rtt", 0, "simulated round-trip time between the application and PostgreSQL (loopback has almost none); 0 measures plain loopback")
 	claimBatch := fs.Int("claim-batch", 0, "idempg.Config.ClaimBatchSize of the idem routes (b) and (c); 0 is idempg's default, 1 sends each claim alone")
 	claimConcurrency := fs.Int("claim-concurrency", 0, "idempg.Config.ClaimConcurrency of (b) and (c); 0 is idempg's default")
+	variantClaimConcurrency := fs.Int("variant-claim-concurrency", 0, "idempg.Config.ClaimConcurrency of (b'); setting it adds (b') even without -variant")
 	variantClaimBatch := fs.Int("variant-claim-batch", 0, "idempg.Config.ClaimBatchSize of (b'); setting it adds (b') even without -variant")
 	withOneTx := fs.Bool("onetx", false, "also measure (e), a claim inside the business transaction (not idem's design), fresh keys and duplicate pairs")
 	only := fs.String("only", "", "comma-separated scenarios to run (a,b,b',c,d), for profiling one of them; default all")
@@ -90,7 +91,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	defer db.close()
 	var variant *database
-	if *variantSQL != "" || *variantClaimBatch != 0 {
+	if *variantSQL != "" || *variantClaimBatch != 0 || *variantClaimConcurrency != 0 {
 		variant, err = openDatabase(ctx, *dbURL, *conns, *variantSQL, *rtt)
 		if err != nil {
 			return fmt.Errorf("database: %w", err)
@@ -98,7 +99,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		defer variant.close()
 	}
 
-	mux, err := newMux(db, variant, &idempg.Config{ClaimBatchSize: *claimBatch, ClaimConcurrency: *claimConcurrency}, &idempg.Config{ClaimBatchSize: *variantClaimBatch})
+	mux, err := newMux(db, variant, &idempg.Config{ClaimBatchSize: *claimBatch, ClaimConcurrency: *claimConcurrency}, &idempg.Config{ClaimBatchSize: *variantClaimBatch, ClaimConcurrency: *variantClaimConcurrency})
 	if err != nil {
 		return err
 	}
@@ -123,7 +124,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer srv.Close()
 
 	b := &bench{
-		db: db, variant: variant, variantSQL: *variantSQL, rtt: *rtt, claimBatch: *claimBatch, variantClaimBatch: *variantClaimBatch, scenarios: slices.Clone(baseScenarios), baseURL: "http://" + ln.Addr().String(), clients: *clients,
+		db: db, variant: variant, variantSQL: *variantSQL, rtt: *rtt, claimBatch: *claimBatch, variantClaimBatch: *variantClaimBatch,
+		claimConcurrency: *claimConcurrency, variantClaimConcurrency: *variantClaimConcurrency, scenarios: slices.Clone(baseScenarios), baseURL: "http://" + ln.Addr().String(), clients: *clients,
 		duration: *duration, client: newClient(*clients), runID: db.schema,
 	}
 	if variant != nil {

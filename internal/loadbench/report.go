@@ -128,9 +128,10 @@ func writeReport(w io.Writer, m machine, b *bench, rounds, conns int, slice time
 	if b.rtt > 0 {
 		fmt.Fprintf(w, "- simulated round-trip time to PostgreSQL (-rtt): %s on every pool connection\n", b.rtt)
 	}
-	fmt.Fprintf(w, "- idempg.Config.ClaimBatchSize: %d for (b) and (c) (0: idempg's default, %d)\n", b.claimBatch, idempg.DefaultClaimBatchSize)
+	fmt.Fprintf(w, "- idempg.Config for (b) and (c): ClaimBatchSize %d, ClaimConcurrency %d (0: idempg's defaults, %d and %d)\n",
+		b.claimBatch, b.claimConcurrency, idempg.DefaultClaimBatchSize, idempg.DefaultClaimConcurrency)
 	if b.variant != nil {
-		fmt.Fprintf(w, "- (b') runs on a second schema with ClaimBatchSize %d\n", b.variantClaimBatch)
+		fmt.Fprintf(w, "- (b') runs on a second schema with ClaimBatchSize %d, ClaimConcurrency %d\n", b.variantClaimBatch, b.variantClaimConcurrency)
 	}
 	if b.variantSQL != "" {
 		fmt.Fprintf(w, "- (b') runs on a second schema where, after the migrations: `%s`\n", b.variantSQL)

@@ -97,13 +97,16 @@ type bench struct {
 	rtt        time.Duration // -rtt
 	// claimBatch and variantClaimBatch are the -claim-batch flags.
 	claimBatch, variantClaimBatch int
-	scenarios                     []scenario
-	baseURL                       string
-	clients                       int
-	duration                      time.Duration
-	client                        *http.Client
-	runID                         string       // prefixes the keys, unique per run
-	seq                           atomic.Int64 // numbers the fresh keys
+	// claimConcurrency and variantClaimConcurrency are the
+	// -claim-concurrency flags.
+	claimConcurrency, variantClaimConcurrency int
+	scenarios                                 []scenario
+	baseURL                                   string
+	clients                                   int
+	duration                                  time.Duration
+	client                                    *http.Client
+	runID                                     string       // prefixes the keys, unique per run
+	seq                                       atomic.Int64 // numbers the fresh keys
 }
 
 func newClient(clients int) *http.Client {
