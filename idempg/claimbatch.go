@@ -219,10 +219,13 @@ type identity struct{ tenant, key string }
 
 // claimRow is what a claim statement answered for one claim.
 type claimRow struct {
-	answered bool // false: beaten by a row its snapshot could not see
-	won      bool
-	record   scannedRecord
+	won    bool
+	record scannedRecord
 }
+
+// answered reports whether the statement decided the claim; false when it
+// was beaten by a row its snapshot could not see.
+func (r *claimRow) answered() bool { return r.won || r.record.present() }
 
 // exec runs one batch statement and hands each claim its outcome.
 func (b *claimBatcher) exec(batch []*claimWaiter) {
@@ -272,10 +275,10 @@ func (b *claimBatcher) exec(batch []*claimWaiter) {
 		w.followers = nil
 		res := results[i]
 		switch {
-		case res.answered && res.won:
+		case res.won:
 			b.deliver(w, claimOutcome{result: idem.ClaimResult{Won: true}})
 			again = append(again, followers...)
-		case res.answered:
+		case res.answered():
 			for _, x := range append([]*claimWaiter{w}, followers...) {
 				rec, err := res.record.record(x.p.Tenant, x.p.Key)
 				b.deliver(x, claimOutcome{result: idem.ClaimResult{Record: rec}, err: err})
@@ -308,7 +311,6 @@ func (b *claimBatcher) query(ctx context.Context, batch []*claimWaiter) ([]claim
 		w, res := batch[0], &results[0]
 		err := b.store.pool.QueryRow(ctx, b.store.claimQuery, w.p.Tenant, w.p.Key, w.fingerprint, w.p.Token,
 			micros(w.p.Lease), micros(w.p.Retention)).Scan(append([]any{&res.won}, res.record.dest()...)...)
-		res.answered = res.won || res.record.present()
 		return results, err
 	}
 	tenants := make([]string, n)
@@ -335,7 +337,6 @@ func (b *claimBatcher) query(ctx context.Context, batch []*claimWaiter) ([]claim
 		if i < 1 || i > int64(n) {
 			continue
 		}
-		row.answered = row.won || row.record.present()
 		results[i-1] = row
 	}
 	rows.Close()

@@ -69,16 +69,14 @@ func New(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*Consumer
 		return nil, errors.New("idemjetstream: New needs an inbox and a handler")
 	}
 	c := &Consumer{inbox: inbox, handler: handler, keyFunc: DefaultKey, logger: inbox.Config().Logger}
-	if config != nil && config.KeyFunc != nil {
-		c.keyFunc = config.KeyFunc
-	}
 	if config != nil {
+		if config.KeyFunc != nil {
+			c.keyFunc = config.KeyFunc
+		}
+		if config.Logger != nil {
+			c.logger = config.Logger
+		}
 		c.observe = config.ObserveFunc
-	}
-	if config != nil && config.Logger != nil {
-		c.logger = config.Logger
-	}
-	if config != nil {
 		c.progress = config.ProgressInterval
 	}
 	return c, nil
