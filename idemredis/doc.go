@@ -74,6 +74,22 @@
 // reference, completion_id) read plainly with HGETALL; times are
 // microseconds since the Unix epoch on the server's clock.
 //
+// # Cluster and Sentinel
+//
+// The store takes a redis.UniversalClient, so a redis.ClusterClient or a
+// Sentinel failover client works as a single server's client does. The
+// tests start both topologies from the machine's redis-server: a Cluster
+// of three masters (the conformance suite, records spread over every
+// master, 50 duplicates released at once on keys of each) and a master
+// with a replica under a Sentinel (the conformance suite, and a failover:
+// the promoted replica, which never loaded the scripts, takes claims
+// through the EVAL fallback; a completed key replays there and an
+// in-flight key stays fenced, because the writes had reached the replica,
+// which the test makes sure of with WAIT). Replication is asynchronous: a
+// claim or completion the replica had not received when it was promoted is
+// lost with the old master, as after a flush (see below); where that
+// matters, keep the keys in the business database.
+//
 // # Retention and purge
 //
 // Each record's TTL (PEXPIRE) ends with its retention, or with its lease
