@@ -95,6 +95,11 @@ func commands() []command {
 			run:     runPurge,
 		},
 		{
+			name:    "inspect",
+			summary: "print the idempotency record of one key: state, lease, stored answer",
+			run:     runInspect,
+		},
+		{
 			name:    "check",
 			summary: "fire identical requests with one key at a live API and verify one effect",
 			// run stays nil: check owns its flags, help and exit statuses

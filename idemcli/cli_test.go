@@ -50,6 +50,7 @@ func TestCommandHelpListsEveryFlag(t *testing.T) {
 		"serve":   {"addr", "db", "keys", "lease", "retention", "require-key", "handler-delay", "purge-interval"},
 		"migrate": {"db", "dry-run"},
 		"purge":   {"db", "batch"},
+		"inspect": {"key", "tenant", "db", "keys", "json", "full-body"},
 	}
 	for cmd, names := range flags {
 		code, out, errOut := run(cmd, "--help")
