@@ -271,6 +271,12 @@ func TestServeShutdownFinishesRequests(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// The operator's view of it, from another process, while the handler
+	// holds SQLite's write lock: in flight, under a live lease.
+	out, err := exec.Command(idemBinary(t), "inspect", "--db", "sqlite:"+path, "--key", "shutdown-key").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "state         in flight (retries get 409") {
+		t.Fatalf("idem inspect of the key in flight: %v\n%s", err, out)
+	}
 	p.stop() // waits for the exit; stop checks status 0 and the "stopped" line
 	a := <-answered
 	if a.err != nil || a.status != http.StatusCreated {
