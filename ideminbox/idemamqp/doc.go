@@ -23,4 +23,21 @@
 // crashes on it starts over. Prefer quorum queues. On RabbitMQ 4, whose
 // quorum queues have a default delivery limit of 20, keep MaxAttempts
 // below the queue's limit so that the inbox, not the broker, decides.
+//
+// # Slow handlers
+//
+// RabbitMQ gives each delivery a limited time to be acknowledged
+// (consumer_timeout, 30 minutes by default; per queue with the
+// x-consumer-timeout argument or a consumer-timeout policy since 3.11.15).
+// Past it the broker takes the delivery back (closing the channel, or on
+// recent versions cancelling the consumer) and may deliver it again while
+// the first handler still runs. Nothing is doubled: the copy finds the key
+// in flight and is requeued after InFlightDelay, over and over, until the
+// first handler commits; then it is acknowledged as a duplicate, and the
+// first handler's commit stands even though its own ack can no longer
+// reach the broker. But the copies cost work, and Consume returns
+// ErrClosed when the channel closes under it. Set the timeout above the
+// slowest handler. (The tests cover the redelivery of a message in flight
+// and of one already processed; they do not wait out a consumer timeout,
+// which the broker checks only about once a minute.)
 package idemamqp
