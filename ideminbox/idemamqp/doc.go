@@ -37,7 +37,7 @@
 // first handler's commit stands even though its own ack can no longer
 // reach the broker. But the copies cost work, and Consume returns
 // ErrClosed when the channel closes under it. Set the timeout above the
-// slowest handler. (The tests cover the redelivery of a message in flight
-// and of one already processed; they do not wait out a consumer timeout,
+// slowest handler. (The inbox's answers to a copy in flight and to one
+// already processed are tested; no test waits out a consumer timeout,
 // which the broker checks only about once a minute.)
 package idemamqp
