@@ -235,10 +235,14 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, fn func(ctx
 			e.release(ctx, op, token)
 			return Outcome{}, storeError("rollback", err)
 		}
-		if tx, err = e.store.Begin(ctx); err != nil {
+		// A failed Begin returns no Tx: keep the ended one for the
+		// deferred Rollback, which is harmless on it.
+		next, err := e.store.Begin(ctx)
+		if err != nil {
 			e.release(ctx, op, token)
 			return Outcome{}, storeError("begin", err)
 		}
+		tx = next
 	}
 	if err := tx.Complete(ctx, complete); err != nil {
 		if errors.Is(err, ErrLeaseLost) {

@@ -289,15 +289,21 @@ func TestNewEngine(t *testing.T) {
 	}
 }
 
-// trackingStore counts the units of work opened and not yet ended, and
-// fails every Complete with failComplete.
+// trackingStore counts the units of work opened and not yet ended, fails
+// every Complete with failComplete, and every Begin after the first with
+// failLaterBegin (a database gone between the handler and the completion).
 type trackingStore struct {
 	*idemmem.Store
-	failComplete error
-	open         atomic.Int32
+	failComplete   error
+	failLaterBegin error
+	begun          atomic.Int32
+	open           atomic.Int32
 }
 
 func (s *trackingStore) Begin(ctx context.Context) (idem.Tx, error) {
+	if s.begun.Add(1) > 1 && s.failLaterBegin != nil {
+		return nil, s.failLaterBegin // as the SQL stores do: no Tx at all
+	}
 	tx, err := s.Store.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -338,25 +344,42 @@ func (t *trackingTx) Rollback(ctx context.Context) error {
 // connection-holding SQL transaction left open would leak.
 func TestDoEndsEveryTx(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		fail     error
-		rollback bool
-		fnErr    error
+		name      string
+		fail      error
+		failBegin error
+		rollback  bool
+		fnErr     error
 	}{
 		{name: "complete"},
 		{name: "rollback writes", rollback: true},
 		{name: "handler error", fnErr: errors.New("boom")},
 		{name: "complete fails", fail: errors.New("connection reset")},
 		{name: "complete fails after rollback writes", fail: errors.New("connection reset"), rollback: true},
+		// The unit of work that stores a 5xx cannot begin: a store error
+		// (503 over HTTP) and the key released, not a panic on a nil Tx.
+		{name: "begin fails after rollback writes", failBegin: errors.New("connection refused"), rollback: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			store := &trackingStore{Store: idemmem.New(nil), failComplete: tc.fail}
+			store := &trackingStore{Store: idemmem.New(nil), failComplete: tc.fail, failLaterBegin: tc.failBegin}
 			e := newEngine(t, store, nil)
-			_, err := e.Do(context.Background(), idem.Operation{Key: "k"}, func(context.Context) (idem.Result, error) {
-				return idem.Result{Status: 500, RollbackWrites: tc.rollback}, tc.fnErr
-			})
-			if tc.fail != nil && !errors.Is(err, idem.ErrStore) {
+			var err error
+			func() {
+				defer func() {
+					if v := recover(); v != nil {
+						t.Fatalf("Do panicked: %v", v)
+					}
+				}()
+				_, err = e.Do(context.Background(), idem.Operation{Key: "k"}, func(context.Context) (idem.Result, error) {
+					return idem.Result{Status: 500, RollbackWrites: tc.rollback}, tc.fnErr
+				})
+			}()
+			if (tc.fail != nil || tc.failBegin != nil) && !errors.Is(err, idem.ErrStore) {
 				t.Errorf("Do = %v, want a store error", err)
+			}
+			if tc.failBegin != nil {
+				if _, err := store.Get(context.Background(), "", "k"); !errors.Is(err, idem.ErrNotFound) {
+					t.Errorf("record after the failed second Begin: %v, want it released", err)
+				}
 			}
 			if n := store.open.Load(); n != 0 {
 				t.Errorf("%d units of work left open", n)

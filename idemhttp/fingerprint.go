@@ -22,7 +22,9 @@ const fingerprintVersion = "idemhttp.fingerprint.v1"
 // The query is canonical by parameter name, each name and value decoded
 // (a=%41 is a=A, as the handler sees it); the values of a repeated
 // parameter keep their order (a=1&a=2 is not a=2&a=1, since handlers may
-// read them as a list). Every field is prefixed by its length, so no two
+// read them as a list). A query part that the handler's parser drops (one
+// that does not decode, or holds a raw ';') never fingerprints like the
+// decoded text it resembles. Every field is prefixed by its length, so no two
 // different requests can hash the same input by moving bytes from one
 // field to the next. A header that is absent and one that is present but
 // empty differ too.
@@ -40,7 +42,17 @@ type fingerprinter struct {
 	params []queryParam
 }
 
-type queryParam struct{ name, value string }
+type queryParam struct {
+	name, value string
+	mark        int // what kept the part raw: markSemicolon | markRawName | markRawValue
+}
+
+// The marks of a query part the handler's parser drops (see putQuery).
+const (
+	markSemicolon = 1 << iota
+	markRawName
+	markRawValue
+)
 
 var fingerprinters = sync.Pool{New: func() any {
 	return &fingerprinter{h: sha256.New(), buf: make([]byte, 0, 512)}
@@ -100,8 +112,15 @@ func (f *fingerprinter) putString(s string) {
 }
 
 // putQuery lays out the parameters sorted by decoded name, each value
-// decoded, in their order within a name. A part that does not decode is
-// kept as it came, which still tells it from every other.
+// decoded, in their order within a name.
+//
+// A part that the handler's parser (url.ParseQuery) drops is not the same
+// as the decoded text it resembles: a=%zz (undecodable, dropped) is not
+// a=%25zz (a = "%zz"), and a=1;b=2 (a raw semicolon, dropped) is not
+// a=1%3Bb=2 (a = "1;b=2"). Such a part keeps its raw text and is marked:
+// a negative number, which no length can be, written before it. Parts
+// without a mark hash as they always have, so the fingerprints of
+// ordinary requests stay what earlier versions stored.
 func (f *fingerprinter) putQuery(raw string) {
 	params := f.params[:0]
 	// Most queries hold nothing to decode: skip the decoder for them.
@@ -112,20 +131,31 @@ func (f *fingerprinter) putQuery(raw string) {
 		if part == "" {
 			continue
 		}
+		var mark int
+		if strings.IndexByte(part, ';') >= 0 {
+			mark |= markSemicolon
+		}
 		name, value, _ := strings.Cut(part, "=")
 		if encoded {
 			if n, err := url.QueryUnescape(name); err == nil {
 				name = n
+			} else {
+				mark |= markRawName
 			}
 			if v, err := url.QueryUnescape(value); err == nil {
 				value = v
+			} else {
+				mark |= markRawValue
 			}
 		}
-		params = append(params, queryParam{name, value})
+		params = append(params, queryParam{name, value, mark})
 	}
 	slices.SortStableFunc(params, func(a, b queryParam) int { return strings.Compare(a.name, b.name) })
 	f.putLen(len(params))
 	for _, p := range params {
+		if p.mark != 0 {
+			f.putLen(-1 - p.mark)
+		}
 		f.putString(p.name)
 		f.putString(p.value)
 	}
