@@ -30,8 +30,8 @@
 //     rolled back and the key released, so that a retry runs again. A
 //     panic with http.ErrAbortHandler is re-raised once that is done.
 //
-// Every answer to a request with a valid key echoes its Idempotency-Key
-// field. Every error is an RFC 9457 application/problem+json body whose
+// Every answer to a request that carried an Idempotency-Key echoes its
+// field(s), a refused malformed key included. Every error is an RFC 9457 application/problem+json body whose
 // type is one of the stable URIs listed in docs/PROBLEMS.md.
 //
 // # Tenants

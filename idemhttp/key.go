@@ -11,7 +11,7 @@ import (
 // Header names.
 const (
 	// HeaderKey carries the caller's idempotency key, on requests and
-	// echoed on every response to a request that carried a valid one.
+	// echoed on every response to a request that carried one.
 	HeaderKey = "Idempotency-Key"
 	// HeaderReplayed is set to "true" on a response replayed from an
 	// earlier execution.

@@ -108,6 +108,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	key, err := ParseKey(r.Header)
 	if err != nil {
+		// Echoed too (SPEC: every answer to a request that carried a
+		// key), so that the client can tell which of its keys was refused.
+		w.Header()[HeaderKey] = r.Header[HeaderKey]
 		writeProblem(w, problemInvalidKey)
 		return
 	}

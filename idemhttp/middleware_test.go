@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -113,6 +114,9 @@ func TestMalformedKey(t *testing.T) {
 			r.Header[idemhttp.HeaderKey] = values
 			w := serve(h, r)
 			wantProblem(t, w, http.StatusBadRequest, "invalid-key")
+			if got := w.Header()[idemhttp.HeaderKey]; !slices.Equal(got, values) {
+				t.Errorf("echoed %q, want the fields as sent, %q", got, values)
+			}
 			if c.n.Load() != 0 || e.store.Len() != 0 {
 				t.Fatalf("ran %d times with %d records, want 0 and 0", c.n.Load(), e.store.Len())
 			}
