@@ -3,10 +3,13 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
 	"time"
+
+	"github.com/idem-go/idem/internal/lateclaim"
 )
 
 // Defaults for Config.
@@ -93,6 +96,13 @@ func NewEngine(store Store, config *Config) (*Engine, error) {
 		return nil, errors.New("idem: NewEngine needs a Store")
 	}
 	e := &Engine{store: store, config: config.withDefaults()}
+	if e.config.Heartbeat >= e.config.Lease {
+		// The lease would end before its first extension: every handler
+		// slower than the lease would lose its key, the very thing the
+		// heartbeat is for.
+		return nil, fmt.Errorf("idem: Heartbeat %v is not shorter than Lease %v; keep it well under (the default is Lease/3), or negative to turn it off",
+			e.config.Heartbeat, e.config.Lease)
+	}
 	if e.config.Heartbeat > 0 {
 		e.keeper = newKeeper(store, e.config.Heartbeat, e.config.Logger)
 	}
@@ -161,6 +171,19 @@ func (e *Engine) Do(ctx context.Context, op Operation, fn func(ctx context.Conte
 		Retention: max(e.config.Retention, e.config.Lease),
 	})
 	if err != nil {
+		if ctx.Err() != nil {
+			// The caller gave up while the claim ran, and the store may
+			// have run it after all (a statement cancelled after it was
+			// sent): release it, fenced by this token, so that the
+			// client's retry finds the key free rather than in flight
+			// until the lease ends. Harmless if nothing was claimed; in
+			// the background, since it is repeated over a few seconds
+			// (see lateclaim). Not for other errors: a store that is
+			// down has claimed nothing, and would only get more load.
+			go lateclaim.Release(ctx, func(ctx context.Context) error {
+				return e.store.Release(ctx, ReleaseParams{Tenant: op.Tenant, Key: op.Key, Token: token})
+			})
+		}
 		return Outcome{}, storeError("claim", err)
 	}
 	if !claim.Won {

@@ -281,6 +281,9 @@ func TestNewEngine(t *testing.T) {
 	if _, err := idem.NewEngine(nil, nil); err == nil {
 		t.Error("NewEngine(nil, nil) = nil error, want one")
 	}
+	if _, err := idem.NewEngine(idemmem.New(nil), &idem.Config{Lease: 10 * time.Second, Heartbeat: 30 * time.Second}); err == nil {
+		t.Error("NewEngine accepted a heartbeat slower than the lease")
+	}
 	c := newEngine(t, idemmem.New(nil), nil).Config()
 	if c.Lease != idem.DefaultLease || c.Retention != idem.DefaultRetention ||
 		c.Heartbeat != idem.DefaultLease/3 || c.RetryAfter != idem.DefaultRetryAfter ||
@@ -424,5 +427,52 @@ func TestDoRetentionShorterThanLease(t *testing.T) {
 	}
 	if err := <-slowErr; err != nil {
 		t.Errorf("first Do = %v, want its completion", err)
+	}
+}
+
+// lateClaimStore runs its first claim to its end, then ends the caller's
+// context and reports that: a claim statement cancelled after it was sent,
+// which the database ran anyway. Later claims pass through.
+type lateClaimStore struct {
+	*idemmem.Store
+	cancel context.CancelFunc
+}
+
+func (s *lateClaimStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	res, err := s.Store.Claim(context.WithoutCancel(ctx), p)
+	if err != nil || s.cancel == nil {
+		return res, err
+	}
+	s.cancel() // the first claim only
+	s.cancel = nil
+	return idem.ClaimResult{}, ctx.Err()
+}
+
+// A claim the caller gave up on, but which the store made all the same,
+// is released: the client's retry runs at once instead of meeting 409
+// until the lease ends.
+func TestDoReleasesAClaimMadeAfterTheCallerLeft(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	store := &lateClaimStore{Store: idemmem.New(nil), cancel: cancel}
+	e := newEngine(t, store, &idem.Config{Lease: time.Hour})
+	if _, err := e.Do(ctx, idem.Operation{Key: "k"}, func(context.Context) (idem.Result, error) {
+		t.Error("the handler ran for a claim that failed")
+		return idem.Result{}, nil
+	}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Do = %v, want the cancellation", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, err := store.Get(context.Background(), "", "k"); errors.Is(err, idem.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the key is still held by the claim its caller left")
+		}
+	}
+	out, err := e.Do(context.Background(), idem.Operation{Key: "k"}, func(context.Context) (idem.Result, error) {
+		return idem.Result{Status: 201}, nil
+	})
+	if err != nil || out.Replayed || out.Result.Status != 201 {
+		t.Fatalf("retry: %+v %v, want a fresh run", out, err)
 	}
 }

@@ -28,6 +28,13 @@ type Store interface {
 	// flight with an expired lease and the same fingerprint (a takeover).
 	// Winning writes an in-flight record holding ClaimParams.Token until
 	// now+Lease. A lost claim returns the existing record.
+	//
+	// A claim that returns an error must not leave the key held: where
+	// the operation may still run after the error (a statement cancelled
+	// after it was sent), the store releases it, fenced by Token, as the
+	// SQL stores do: at once and again over a few seconds, since the late
+	// operation may come after the first release. The engine also does so
+	// when ctx has ended.
 	Claim(ctx context.Context, p ClaimParams) (ClaimResult, error)
 
 	// Begin opens the unit of work in which the handler's business writes
@@ -91,6 +98,9 @@ type ClaimParams struct {
 	// completion an update of unindexed columns only (a HOT update on
 	// PostgreSQL); a handler outliving its retention keeps it through the
 	// heartbeat, since Extend never lets the retention end before the lease.
+	// It must not be shorter than Lease (the engine passes the longer of
+	// the two): a record past retention counts as absent, so a shorter
+	// one would let a retry take over a key whose lease still runs.
 	Retention time.Duration
 }
 

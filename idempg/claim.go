@@ -87,6 +87,9 @@ var errClaimRace = errors.New("idempg: claim kept losing to concurrent changes i
 // trip to read the winner's record. Unless Config.ClaimBatchSize is 1,
 // claims made at the same time share one statement (claimBatchSQL).
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	if err := checkIdentity(p.Tenant, p.Key); err != nil {
+		return idem.ClaimResult{}, err
+	}
 	fingerprint := p.Fingerprint
 	if len(fingerprint) == 0 {
 		// NULL, so that "no fingerprint" compares equal whether the
@@ -104,6 +107,9 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		err := s.pool.QueryRow(ctx, s.claimQuery, p.Tenant, p.Key, fingerprint, p.Token,
 			micros(p.Lease), micros(p.Retention)).Scan(dest...)
 		if err != nil {
+			if mayHaveRun(err) {
+				go s.releaseQuietly(ctx, p)
+			}
 			return idem.ClaimResult{}, interpretError(err)
 		}
 		if won {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/lateclaim"
 )
 
 // claimBatchSQL is claimSQL for many claims at once: the same three steps
@@ -69,10 +70,6 @@ FROM req r LEFT JOIN cur c ON c.i = r.i AND NOT c.claimable`
 const keysColumns = `k.fingerprint, k.state, k.lease_token, k.locked_until, k.storage_mode, k.status_code,
 	k.response_headers, k.response_body, k.resource_ref, k.created_at, k.completed_at, k.expires_at`
 
-// releaseTimeout bounds the release of a claim won for a caller that had
-// already given up.
-const releaseTimeout = 5 * time.Second
-
 // claimWaiter is one Claim call waiting for its batch.
 type claimWaiter struct {
 	ctx         context.Context
@@ -88,7 +85,18 @@ type claimWaiter struct {
 	// done receives exactly one outcome; buffered so that the batcher
 	// never waits for a caller that gave up.
 	done chan claimOutcome
+	// state says who owns the outcome: the caller, once deliver has
+	// answered (waiterAnswered), or the batcher, once the caller has given
+	// up (waiterAbandoned), whichever comes first. A won claim is thus
+	// either returned or released, never both, never neither.
+	state atomic.Int32
 }
+
+const (
+	waiterWaiting = iota
+	waiterAnswered
+	waiterAbandoned
+)
 
 type claimOutcome struct {
 	result idem.ClaimResult
@@ -137,9 +145,16 @@ func (b *claimBatcher) claim(ctx context.Context, p idem.ClaimParams, fingerprin
 	case o := <-w.done:
 		return o.result, o.err
 	case <-ctx.Done():
-		// The batch may still claim the key for this caller; the
-		// batcher then releases it (see deliver).
-		return idem.ClaimResult{}, context.Cause(ctx)
+		if w.state.CompareAndSwap(waiterWaiting, waiterAbandoned) {
+			// The batch may still claim the key for this caller; the
+			// batcher then releases it (see deliver).
+			return idem.ClaimResult{}, context.Cause(ctx)
+		}
+		// Answered as the context ended (both cases were ready): the
+		// outcome is the caller's, a won claim included, which the
+		// caller must run or release like any other.
+		o := <-w.done
+		return o.result, o.err
 	}
 }
 
@@ -235,13 +250,18 @@ func (b *claimBatcher) exec(batch []*claimWaiter) {
 
 	// The statement serves every caller in the batch, so it is cancelled
 	// only when all of them have given up, not when the first one does.
+	// Every caller is counted before any callback is registered: the
+	// callback of a context that has already ended runs at once, and must
+	// not bring the count to zero while live callers remain uncounted.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var mu sync.Mutex
 	remaining := 0
 	for _, w := range batch {
+		remaining += 1 + len(w.followers)
+	}
+	for _, w := range batch {
 		for _, x := range append([]*claimWaiter{w}, w.followers...) {
-			remaining++
 			stop := context.AfterFunc(x.ctx, func() {
 				mu.Lock()
 				remaining--
@@ -266,6 +286,16 @@ func (b *claimBatcher) exec(batch []*claimWaiter) {
 			for _, f := range w.followers {
 				b.deliver(f, claimOutcome{err: err})
 			}
+		}
+		// Every claim the statement may have won is released, so that no
+		// key stays in flight for a caller that was told it failed.
+		// Followers claimed nothing of their own.
+		if mayHaveRun(err) {
+			go func() {
+				for _, w := range batch {
+					b.store.releaseQuietly(w.ctx, w.p)
+				}
+			}()
 		}
 		return
 	}
@@ -348,12 +378,24 @@ func (b *claimBatcher) query(ctx context.Context, batch []*claimWaiter) ([]claim
 // it at once, fenced by its token, so that the key is free for the
 // client's retry instead of in flight until the lease expires.
 func (b *claimBatcher) deliver(w *claimWaiter, o claimOutcome) {
-	if o.result.Won && w.ctx.Err() != nil {
+	if w.state.CompareAndSwap(waiterWaiting, waiterAnswered) {
+		w.done <- o
+		return
+	}
+	if o.result.Won {
 		go func() {
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), releaseTimeout)
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), 5*time.Second)
 			defer cancel()
 			_ = b.store.Release(ctx, idem.ReleaseParams{Tenant: w.p.Tenant, Key: w.p.Key, Token: w.p.Token})
 		}()
 	}
-	w.done <- o
+}
+
+// releaseQuietly releases p's claim, which its caller was told failed or
+// never heard of, the way lateclaim.Release says: repeated over a few
+// seconds, since the claim's own statement may still be running.
+func (s *Store) releaseQuietly(ctx context.Context, p idem.ClaimParams) {
+	lateclaim.Release(ctx, func(ctx context.Context) error {
+		return s.Release(ctx, idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token})
+	})
 }

@@ -2,6 +2,9 @@ package idempg
 
 import (
 	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/idem-go/idem"
 	"github.com/jackc/pgx/v5"
@@ -35,4 +38,32 @@ func interpretError(err error) error {
 		return idem.ErrLeaseLost
 	}
 	return err
+}
+
+// checkIdentity refuses, before any statement, a tenant or key that
+// PostgreSQL would refuse (text holds valid UTF-8 without NUL bytes; the
+// key's CHECK wants 1 to 255 characters). Batched claims share one
+// statement, so one such claim would otherwise fail every claim batched
+// with it.
+func checkIdentity(tenant, key string) error {
+	for _, f := range [...]struct{ name, value string }{{"tenant", tenant}, {"key", key}} {
+		if !utf8.ValidString(f.value) || strings.IndexByte(f.value, 0) >= 0 {
+			return fmt.Errorf("idempg: %s %q is not valid UTF-8 text without NUL bytes", f.name, f.value)
+		}
+	}
+	if n := utf8.RuneCountInString(key); n < 1 || n > 255 {
+		return fmt.Errorf("%w: %d characters; idem_keys holds 1 to 255", idem.ErrInvalidKey, n)
+	}
+	return nil
+}
+
+// mayHaveRun reports whether a claim statement that failed with err may
+// nevertheless run, and commit, on the server: it was sent (pgconn cannot
+// say it was not), and the server did not answer it with an error of its
+// own (which aborts the statement). That is a statement cancelled, or
+// whose connection was lost, in flight. Its claim must then be released
+// (see lateclaim), or the key stays held until the lease ends.
+func mayHaveRun(err error) bool {
+	var pgErr *pgconn.PgError
+	return !pgconn.SafeToRetry(err) && !errors.As(err, &pgErr)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/lateclaim"
 )
 
 // defaultPurgeLimit is the batch of Purge when PurgeParams.Limit is zero.
@@ -68,6 +69,14 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			return err
 		})
 		if err != nil {
+			if ctx.Err() != nil {
+				// The database may run the statement after all (it was
+				// cancelled after it was sent): release what it may
+				// claim, fenced by the token, so that no key stays in
+				// flight for a caller told the claim failed. Harmless
+				// when nothing was claimed.
+				go s.releaseQuietly(ctx, p)
+			}
 			return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: %w", err)
 		}
 		if won {
@@ -83,6 +92,15 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		return idem.ClaimResult{Record: rec}, nil
 	}
 	return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: the record vanished %d times between claim and read", claimAttempts)
+}
+
+// releaseQuietly releases p's claim, which its caller was told failed,
+// the way lateclaim.Release says: repeated over a few seconds, since the
+// claim's own statement may still be running.
+func (s *Store) releaseQuietly(ctx context.Context, p idem.ClaimParams) {
+	lateclaim.Release(ctx, func(ctx context.Context) error {
+		return s.Release(ctx, idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token})
+	})
 }
 
 func (s *Store) claimOnce(ctx context.Context, args []any) (bool, error) {

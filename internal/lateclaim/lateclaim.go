@@ -1,0 +1,40 @@
+// Package lateclaim releases a claim whose caller was told it failed.
+//
+// A claim statement that is cancelled, or whose connection is lost, after
+// it was sent may still run on the server, and commit, after the error has
+// reached the caller: the key is then held under a token nobody will run
+// or complete, until the lease ends (90s by default), and the client's
+// retries get 409 all that time. The stores and the engine therefore
+// release such a claim, fenced by its token, which is harmless when it was
+// never made. One release right away can come before the late statement
+// itself, so the release is repeated over a few seconds.
+package lateclaim
+
+import (
+	"context"
+	"time"
+)
+
+// Schedule is when each release is sent, counted from the failure.
+var Schedule = []time.Duration{0, 20 * time.Millisecond, 100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second}
+
+// attemptTimeout bounds each release.
+const attemptTimeout = 2 * time.Second
+
+// Release calls release at each point of Schedule, each call with a
+// context of its own (ctx's values, not its end), and ignores their
+// errors: the claim may never have happened, and a store that is down
+// keeps the key until its lease ends whatever is done here. It returns
+// when the schedule is done; callers run it in a goroutine.
+func Release(ctx context.Context, release func(context.Context) error) {
+	base := context.WithoutCancel(ctx)
+	start := time.Now()
+	for _, at := range Schedule {
+		if d := time.Until(start.Add(at)); d > 0 {
+			time.Sleep(d)
+		}
+		c, cancel := context.WithTimeout(base, attemptTimeout)
+		_ = release(c)
+		cancel()
+	}
+}
