@@ -31,8 +31,11 @@ const (
 	// through a function the integrator gives, at the cost of a lookup.
 	ModeReference
 	// ModeMarker stores only the status: the smallest record. It fits
-	// answers that can be recomputed; the fingerprint is then mandatory,
-	// since it is the only thing that proves a retry asks the same thing.
+	// answers that can be recomputed. Where a key names a request, the
+	// fingerprint is then mandatory, since it is the only thing that proves
+	// a retry asks the same thing (idemhttp always computes one); where the
+	// key names the thing itself, as a message id does for ideminbox, none
+	// is needed. The engine does not check it.
 	ModeMarker
 )
 
