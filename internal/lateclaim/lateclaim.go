@@ -16,7 +16,7 @@ import (
 )
 
 // Schedule is when each release is sent, counted from the failure.
-var Schedule = []time.Duration{0, 20 * time.Millisecond, 100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second}
+var Schedule = []time.Duration{0, 20 * time.Millisecond, 100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second, 5 * time.Second}
 
 // attemptTimeout bounds each release.
 const attemptTimeout = 2 * time.Second
