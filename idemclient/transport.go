@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -171,6 +172,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	for attempt := 1; ; attempt++ {
 		r := req.Clone(ctx)
+		if r.Header == nil {
+			r.Header = make(http.Header) // as http.Client does; Clone keeps a nil map
+		}
 		r.Header.Set(headerKey, key)
 		if r.Body, err = body.open(attempt); err != nil {
 			return nil, err
@@ -325,7 +329,11 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	if v == "" {
 		return 0, false
 	}
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+	secs, err := strconv.ParseInt(v, 10, 64)
+	if errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(v, "-") {
+		err, secs = nil, math.MaxInt64 // all digits, only too many: a very long wait
+	}
+	if err == nil {
 		if secs < 0 {
 			return 0, false
 		}
@@ -402,7 +410,10 @@ func (t *Transport) rewindable(req *http.Request) (*body, error) {
 	if req.GetBody != nil {
 		return &body{first: req.Body, getBody: req.GetBody, length: -1}, nil
 	}
-	limit := orDefault(t.MaxBodyBytes, DefaultMaxBodyBytes)
+	// One byte past the limit tells "at the limit" from "over it"; kept
+	// below MaxInt64 so that "no limit" written as math.MaxInt64 does not
+	// overflow into a negative limit, which reads nothing.
+	limit := min(orDefault(t.MaxBodyBytes, DefaultMaxBodyBytes), math.MaxInt64-1)
 	buf, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
 	if err != nil {
 		_ = req.Body.Close()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -57,6 +58,9 @@ func TestSameKeyAndBodyOnEveryRetry(t *testing.T) {
 	bodies := map[string]func() io.Reader{
 		"GetBody":  func() io.Reader { return strings.NewReader(payload) },
 		"buffered": func() io.Reader { return io.MultiReader(strings.NewReader(payload)) },
+		// MaxBodyBytes at math.MaxInt64, "no limit": once overflowed
+		// into a negative read limit, which sent an empty body.
+		"buffered, no limit": func() io.Reader { return io.MultiReader(strings.NewReader(payload)) },
 	}
 	for name, newBody := range bodies {
 		t.Run(name, func(t *testing.T) {
@@ -72,7 +76,11 @@ func TestSameKeyAndBodyOnEveryRetry(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			resp, err := NewClient(fastTransport()).Do(req)
+			tp := fastTransport()
+			if name == "buffered, no limit" {
+				tp.MaxBodyBytes = math.MaxInt64
+			}
+			resp, err := NewClient(tp).Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -106,6 +114,26 @@ func TestSameKeyAndBodyOnEveryRetry(t *testing.T) {
 				t.Error("RoundTrip modified the caller's request headers")
 			}
 		})
+	}
+}
+
+// RoundTrip called directly with a request whose Header is nil (which
+// http.Client never sends, but http.Transport accepts) works, and leaves
+// the caller's request as it was.
+func TestNilHeader(t *testing.T) {
+	srv, s := scripted(t, func(n int, w http.ResponseWriter) { w.WriteHeader(http.StatusCreated) })
+	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = nil
+	resp, err := fastTransport().RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if s.count() != 1 || s.keys[0] == "" || req.Header != nil {
+		t.Fatalf("server saw %d requests, key %q; caller's header %v", s.count(), s.keys, req.Header)
 	}
 }
 
@@ -368,6 +396,9 @@ func TestParseRetryAfter(t *testing.T) {
 		{now.Add(7 * time.Second).Format(http.TimeFormat), 7 * time.Second, true},
 		{now.Add(-time.Minute).Format(http.TimeFormat), 0, true},
 		{now.Add(90 * time.Second).Format(time.RFC850), 90 * time.Second, true},
+		// Too many digits for int64: still a (very long) wait, capped.
+		{"99999999999999999999", 24 * time.Hour, true},
+		{"-99999999999999999999", 0, false},
 	}
 	for _, c := range cases {
 		got, ok := parseRetryAfter(c.in, now)
