@@ -9,10 +9,15 @@ import (
 
 // MarshalHeader encodes stored metadata canonically (a JSON object of
 // string arrays, keys sorted) so SQL stores keep it readable to operators.
-// A nil or empty header encodes to nil.
+// A nil or empty header encodes to nil. It refuses what UnmarshalHeader
+// refuses (see there), so that a store never writes a record it cannot
+// read back: such a record would answer every retry with a store error.
 func MarshalHeader(h map[string][]string) ([]byte, error) {
 	if len(h) == 0 {
 		return nil, nil
+	}
+	if err := checkHeader(h); err != nil {
+		return nil, err
 	}
 	return json.Marshal(h)
 }
@@ -29,20 +34,29 @@ func UnmarshalHeader(b []byte) (map[string][]string, error) {
 	if err := json.Unmarshal(b, &h); err != nil {
 		return nil, fmt.Errorf("idem: stored header: %w", err)
 	}
+	if err := checkHeader(h); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// checkHeader refuses a name that is not a canonical HTTP token and a
+// value holding a control character other than tab.
+func checkHeader(h map[string][]string) error {
 	for name, values := range h {
 		if !validHeaderName(name) {
-			return nil, fmt.Errorf("idem: stored header: invalid name %q", name)
+			return fmt.Errorf("idem: stored header: invalid name %q", name)
 		}
 		if canonical := textproto.CanonicalMIMEHeaderKey(name); canonical != name {
-			return nil, fmt.Errorf("idem: stored header: name %q is not canonical (%q)", name, canonical)
+			return fmt.Errorf("idem: stored header: name %q is not canonical (%q)", name, canonical)
 		}
 		for _, v := range values {
 			if strings.IndexFunc(v, isCTL) >= 0 {
-				return nil, fmt.Errorf("idem: stored header %s: control character in value", name)
+				return fmt.Errorf("idem: stored header %s: control character in value", name)
 			}
 		}
 	}
-	return h, nil
+	return nil
 }
 
 func validHeaderName(name string) bool {
