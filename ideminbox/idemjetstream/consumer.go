@@ -145,7 +145,9 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg, interval time.
 }
 
 // Consume runs Handle for every message of cons until ctx ends, then stops
-// fetching, lets the message in hand finish, and returns nil. Handlers run
+// fetching, lets the message in hand finish, and returns nil; or until
+// nats.go ends the consumption (consumer deleted, connection closed), then
+// it returns ErrClosed. Handlers run
 // one at a time per Consume call; run several Consume calls (or processes)
 // for parallelism. It refuses a consumer whose MaxDeliver would make the
 // server drop a message before the inbox could treat it as poison.
@@ -170,11 +172,26 @@ func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer, opts ..
 	if err != nil {
 		return err
 	}
-	<-ctx.Done()
-	cc.Stop()
-	<-cc.Closed()
-	return nil
+	select {
+	case <-ctx.Done():
+		cc.Stop()
+		<-cc.Closed()
+		return nil
+	case <-cc.Closed():
+		// nats.go ended the consumption itself: the consumer was deleted
+		// or the connection closed. Nothing more will come; say so, so
+		// that the caller can start again.
+		if ctx.Err() != nil {
+			return nil
+		}
+		return ErrClosed
+	}
 }
+
+// ErrClosed is returned by Consume when the consumption ends without ctx
+// ending: the consumer was deleted, or the connection closed. Messages not
+// acknowledged are redelivered after AckWait, to this or another instance.
+var ErrClosed = errors.New("idemjetstream: the consumption was closed (consumer deleted or connection closed)")
 
 // reportProgress tells the server every interval that msg is still being
 // worked on, until the returned function is called. The reports are best

@@ -480,3 +480,56 @@ func patience() time.Duration {
 	}
 	return time.Minute
 }
+
+// Consume returns ErrClosed, instead of blocking forever, when the
+// consumption ends under it: the consumer deleted, the connection closed.
+func TestConsumeReturnsWhenClosed(t *testing.T) {
+	inboxtest.ForEach(t, func(t *testing.T, b *inboxtest.Backend) {
+		for _, end := range []string{"consumer deleted", "connection closed"} {
+			t.Run(end, func(t *testing.T) {
+				be := newBench(t, b, jetstream.ConsumerConfig{})
+				inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+				if err != nil {
+					t.Fatal(err)
+				}
+				c, err := New(inbox, effect(b), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				nc, err := nats.Connect(be.url)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer nc.Close()
+				js, err := jetstream.New(nc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cons, err := js.Consumer(context.Background(), be.stream.CachedInfo().Config.Name, "projector")
+				if err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() { done <- c.Consume(context.Background(), cons) }()
+				be.publish(context.Background(), nats.Header{nats.MsgIdHdr: {"order-1"}}, "order-1")
+				be.drained()
+				if end == "consumer deleted" {
+					if err := be.js.DeleteConsumer(context.Background(), be.stream.CachedInfo().Config.Name, "projector"); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					nc.Close()
+				}
+				select {
+				case err := <-done:
+					if !errors.Is(err, ErrClosed) {
+						t.Fatalf("Consume = %v, want ErrClosed", err)
+					}
+				case <-time.After(patience()):
+					t.Fatal("Consume still running after the consumption was closed")
+				}
+				exactlyOnce(t, b, []string{"order-1"})
+			})
+		}
+	})
+}
