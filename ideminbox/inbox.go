@@ -174,6 +174,19 @@ func defaultRetryDelay(attempt int) time.Duration {
 // Engine is the inbox's own.
 func (in *Inbox) Config() Config { return in.config }
 
+// InFlightDeliveries is how many deliveries of one message the inbox may
+// answer "in flight" before its key can be taken over: a holder that
+// crashed keeps the key for its whole lease, and each answer asks for the
+// message again after InFlightDelay. These deliveries count (see
+// MaxAttempts), so a broker that stops delivering after a fixed count
+// (JetStream's MaxDeliver, a quorum queue's delivery-limit) must allow
+// more than this as well as more than MaxAttempts, or it may drop a
+// message that never ran. With the defaults (a 90s lease, 5s) it is 19.
+func (in *Inbox) InFlightDeliveries() int {
+	lease, delay := in.engine.Config().Lease, in.config.InFlightDelay
+	return int((lease+delay-1)/delay) + 1
+}
+
 // Message is what the inbox needs of a delivered message. Adapters fill it
 // from the broker's message.
 type Message struct {

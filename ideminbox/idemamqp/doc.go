@@ -22,7 +22,11 @@
 // takes MaxAttempts deliveries per competing instance, and a consumer that
 // crashes on it starts over. Prefer quorum queues. On RabbitMQ 4, whose
 // quorum queues have a default delivery limit of 20, keep MaxAttempts
-// below the queue's limit so that the inbox, not the broker, decides.
+// below the queue's limit so that the inbox, not the broker, decides, and
+// Inbox.InFlightDeliveries below it too (19 with the defaults: deliveries
+// answered "in flight" while a crashed holder's lease runs count as well),
+// or raise the limit; the adapter cannot read a queue's arguments to
+// check.
 //
 // # Slow handlers
 //

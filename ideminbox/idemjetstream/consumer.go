@@ -153,9 +153,14 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg, interval time.
 // server drop a message before the inbox could treat it as poison.
 func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer, opts ...jetstream.PullConsumeOpt) error {
 	if info := cons.CachedInfo(); info != nil {
-		if md := info.Config.MaxDeliver; md > 0 && md <= c.inbox.Config().MaxAttempts {
+		md, cfg := info.Config.MaxDeliver, c.inbox.Config()
+		if md > 0 && md <= cfg.MaxAttempts {
 			return fmt.Errorf("idemjetstream: consumer %q has MaxDeliver %d, not above the inbox's MaxAttempts %d: the server would drop failing messages before they are recorded as poison",
-				info.Name, md, c.inbox.Config().MaxAttempts)
+				info.Name, md, cfg.MaxAttempts)
+		}
+		if k := c.inbox.InFlightDeliveries(); md > 0 && md <= k {
+			return fmt.Errorf("idemjetstream: consumer %q has MaxDeliver %d: a message whose holder crashed may be answered \"in flight\" %d times (the lease, %v, over InFlightDelay, %v) before its key can be taken over, and the server would drop it before it ever ran; use -1, or more than %d",
+				info.Name, md, k, cfg.Engine.Config().Lease, cfg.InFlightDelay, k)
 		}
 	}
 	progress := c.progress

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/ideminbox/internal/inboxtest"
 	"github.com/idem-go/idem/internal/testenv"
@@ -469,6 +470,40 @@ func TestConsumeRefusesLowMaxDeliver(t *testing.T) {
 	err = c.Consume(context.Background(), be.consumer)
 	if err == nil || !strings.Contains(err.Error(), "MaxDeliver 3") {
 		t.Fatalf("Consume: %v", err)
+	}
+}
+
+// Above MaxAttempts is not enough: deliveries answered "in flight" while a
+// crashed holder's lease runs count too (a 10s lease, 1s apart: 11), and a
+// MaxDeliver within them could drop a message that never ran.
+func TestConsumeRefusesMaxDeliverWithinInFlightAnswers(t *testing.T) {
+	b := inboxtest.Mem(t)
+	for _, tc := range []struct {
+		maxDeliver int
+		refused    bool
+	}{{6, true}, {11, true}, {12, false}} {
+		be := newBench(t, b, jetstream.ConsumerConfig{MaxDeliver: tc.maxDeliver})
+		engine, err := idem.NewEngine(b.NewStore(t), &idem.Config{Lease: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inbox, err := ideminbox.New(ideminbox.Config{Engine: engine, Consumer: "projector", MaxAttempts: 5, InFlightDelay: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := inbox.InFlightDeliveries(); n != 11 {
+			t.Fatalf("InFlightDeliveries = %d, want 11", n)
+		}
+		c, err := New(inbox, effect(b), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err = c.Consume(ctx, be.consumer)
+		cancel()
+		if refused := err != nil && strings.Contains(err.Error(), "in flight"); refused != tc.refused {
+			t.Errorf("MaxDeliver %d: Consume = %v, want refused %v", tc.maxDeliver, err, tc.refused)
+		}
 	}
 }
 

@@ -13,10 +13,11 @@
 // Ack for processed, duplicate and poison messages, NakWithDelay for a
 // failed or in-flight one, Term for one that cannot be keyed.
 //
-// Give the JetStream consumer a MaxDeliver of -1 (unlimited) or above the
-// inbox's MaxAttempts, so that the inbox, not the server, decides when a
-// message is poison; Consume refuses a consumer that would drop messages
-// first. Its AckWait bounds how long a delivery may stay unacknowledged
+// Give the JetStream consumer a MaxDeliver of -1 (unlimited), or above both
+// the inbox's MaxAttempts and its InFlightDeliveries (deliveries answered
+// "in flight" count, and a holder that crashed keeps the key for a whole
+// lease), so that the inbox, not the server, decides when a message is
+// poison; Consume refuses a consumer that could drop messages first. Its AckWait bounds how long a delivery may stay unacknowledged
 // before the server sends it again, to this or another instance; while a
 // handler runs, Consume reports the message in progress every third of
 // AckWait (Config.ProgressInterval), so that a slow handler keeps its
