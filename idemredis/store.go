@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/lateclaim"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -94,6 +96,14 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		p.Tenant, p.Key, p.Fingerprint, strconv.FormatInt(p.Token, 10),
 		p.Lease.Microseconds(), p.Retention.Microseconds()).Slice()
 	if err != nil {
+		if mayHaveRun(ctx, err) {
+			// The script may run, or have run, after all: release what
+			// it may claim, fenced by the token, so that the key does not
+			// stay in flight for a caller told the claim failed.
+			go lateclaim.Release(ctx, func(ctx context.Context) error {
+				return s.Release(ctx, idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token})
+			})
+		}
 		return idem.ClaimResult{}, fmt.Errorf("idemredis: claim: %w", err)
 	}
 	if len(reply) == 0 {
@@ -164,4 +174,26 @@ func (s *Store) Purge(ctx context.Context, p idem.PurgeParams) (int, error) {
 // transaction: the Tx only completes (see the package documentation).
 func (s *Store) Begin(ctx context.Context) (idem.Tx, error) {
 	return tx{s}, ctx.Err()
+}
+
+// mayHaveRun reports whether a script that failed with err may
+// nevertheless run on the server: it was not answered by the server with
+// an error of its own, nor refused before a connection was made, and
+// either the caller gave up or the reply timed out. A command that could
+// not be sent at all (no connection, pool exhausted) is not counted, so
+// that a Redis that is down gets no extra load.
+func mayHaveRun(ctx context.Context, err error) bool {
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	if ctx.Err() != nil {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
