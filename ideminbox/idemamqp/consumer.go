@@ -188,7 +188,10 @@ func ackError(a ideminbox.Action, err error) error {
 // commit and ack. A delivery to requeue after a delay is held aside while
 // the next ones are processed, and requeued at once when Consume returns.
 // Open deliveries with autoAck false; the channel's prefetch (Channel.Qos)
-// bounds how many deliveries may be held.
+// bounds how many deliveries may be held. Deliveries the broker pushed
+// that Consume had not taken yet stay unacknowledged when it returns: cancel
+// the consumer (Channel.Cancel) or close the channel, and RabbitMQ puts
+// them back in the queue; nothing is lost, and nothing ran.
 func (c *Consumer) Consume(ctx context.Context, deliveries <-chan amqp.Delivery) error {
 	work := context.WithoutCancel(ctx)
 	held, release := context.WithCancel(context.Background())
