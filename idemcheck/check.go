@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"sort"
@@ -123,7 +124,7 @@ type Report struct {
 	Concurrency int      `json:"concurrency"`
 	Keys        []string `json:"keys"` // the keys used: check 1–3's, then check 4's
 	Results     []Result `json:"checks"`
-	// Passed is true when no check failed.
+	// Passed is true when no check failed and at least one passed.
 	Passed bool `json:"passed"`
 }
 
@@ -136,11 +137,22 @@ func Check(ctx context.Context, config Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer c.closeIdle()
 	return c.run(ctx)
 }
 
 type checker struct {
 	Config
+	// ownClient is true when the checker made Client itself, and must
+	// close its idle connections when done: a program calling Check in a
+	// loop would otherwise keep 2×Concurrency connections per call.
+	ownClient bool
+}
+
+func (c *checker) closeIdle() {
+	if c.ownClient {
+		c.Client.CloseIdleConnections()
+	}
 }
 
 func newChecker(config Config) (*checker, error) {
@@ -173,6 +185,7 @@ func newChecker(config Config) (*checker, error) {
 	}
 	if c.Client == nil {
 		c.Client = newHTTPClient(c.Timeout, c.Concurrency)
+		c.ownClient = true
 	}
 	if c.KeyFunc == nil {
 		c.KeyFunc = uuid.NewString
@@ -241,6 +254,9 @@ func (c *checker) send(ctx context.Context, key string, body []byte) answer {
 	for name, values := range c.Header {
 		req.Header[name] = values
 	}
+	if host := c.Header.Get("Host"); host != "" {
+		req.Host = host // net/http sends req.Host, never a Host field of Header
+	}
 	if key != "" {
 		req.Header.Set(c.KeyHeader, key)
 	}
@@ -277,6 +293,15 @@ func (c *checker) count(ctx context.Context) (int, error) {
 	}
 	if a.status != http.StatusOK {
 		return 0, fmt.Errorf("GET %s answered %d", c.CountURL, a.status)
+	}
+	// A list may be cut to a page; X-Total-Count, where the API sends it,
+	// counts them all.
+	if total := a.header.Get("X-Total-Count"); total != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(total))
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("GET %s: X-Total-Count %q is not a count", c.CountURL, total)
+		}
+		return n, nil
 	}
 	var list []json.RawMessage
 	if err := json.Unmarshal(a.body, &list); err != nil {
@@ -324,9 +349,17 @@ func (c *checker) run(ctx context.Context) (*Report, error) {
 		return nil, fmt.Errorf("%w %s: %s", ErrUnreachable, c.URL, errText(err))
 	}
 	r1, original := judgeConcurrent(answers)
+	retry := c.send(ctx, key1, c.Body)
+	if unmarked := countUnmarked(answers); unmarked > 1 && retry.success() && retry.replayed() {
+		// The server marks its replays (the retry was), so several
+		// unmarked successes are several executions, identical or not.
+		r1.Status = Fail
+		r1.Evidence = fmt.Sprintf("%d requests at once: %s; %d successful answers not marked %s, from a server that marks its replays (check 2): the operation ran %d times",
+			len(answers), tallyStatuses(r1.Statuses), unmarked, headerReplayed, unmarked)
+	}
 	rep.Results = append(rep.Results, r1)
 
-	rep.Results = append(rep.Results, judgeRetry(original, c.send(ctx, key1, c.Body)))
+	rep.Results = append(rep.Results, judgeRetry(original, retry))
 
 	if other, ok := otherBody(c.Body, c.Header.Get("Content-Type")); ok {
 		rep.Results = append(rep.Results, judgeOtherBody(c.send(ctx, key1, other)))
@@ -344,13 +377,32 @@ func (c *checker) run(ctx context.Context) (*Report, error) {
 		return nil, context.Cause(ctx)
 	}
 
+	// Passed: nothing failed, and something was proven. Warnings alone
+	// (answers that cannot be told apart, nothing to vary, nothing to
+	// count) prove nothing about the endpoint.
+	proven := false
 	rep.Passed = true
 	for _, r := range rep.Results {
-		if r.Status == Fail {
+		switch r.Status {
+		case Fail:
 			rep.Passed = false
+		case Pass:
+			proven = true
 		}
 	}
+	rep.Passed = rep.Passed && proven
 	return rep, nil
+}
+
+// countUnmarked counts the successful answers not marked as replays.
+func countUnmarked(answers []answer) int {
+	n := 0
+	for i := range answers {
+		if answers[i].success() && !answers[i].replayed() {
+			n++
+		}
+	}
+	return n
 }
 
 // fireTogether sends Concurrency identical requests with key, each from
@@ -375,13 +427,36 @@ func (c *checker) fireTogether(ctx context.Context, key string) []answer {
 	return answers
 }
 
+// allFailed returns an error when no request reached the target: every
+// one failed to connect. Requests that connected and then got no answer in
+// time are not that: a server that hangs on concurrent duplicates has a
+// bug the checks must report (they fail), not an address to fix.
 func allFailed(answers []answer) error {
 	for _, a := range answers {
-		if a.err == nil {
+		if a.err == nil || !unreachable(a.err) {
 			return nil
 		}
 	}
 	return answers[0].err
+}
+
+// unreachable reports whether err means the request never reached a
+// server: a refused or failed connection, an unknown host, a failed TLS
+// handshake. A timeout counts only while connecting.
+func unreachable(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return false
+	}
+	return true
 }
 
 const (
@@ -578,6 +653,9 @@ func judgeFreshKey(original *answer, a answer) Result {
 	case original == nil:
 		r.Status = Pass
 		r.Evidence = fmt.Sprintf("%d, a fresh execution", a.status)
+	case a.header.Get("Location") != "" && a.header.Get("Location") == original.header.Get("Location"):
+		r.Status = Fail
+		r.Evidence = fmt.Sprintf("%d with the first key's Location %s: the fresh key got the same resource, not a new one", a.status, a.header.Get("Location"))
 	case a.header.Get("Location") != "" && a.header.Get("Location") != original.header.Get("Location"):
 		r.Status = Pass
 		r.Evidence = fmt.Sprintf("%d, a new resource (Location %s, the first key's was %s)", a.status, a.header.Get("Location"), original.header.Get("Location"))

@@ -124,6 +124,7 @@ func Load(ctx context.Context, config LoadConfig) (*LoadReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer c.closeIdle()
 	if config.Duration <= 0 {
 		config.Duration = DefaultLoadDuration
 	}

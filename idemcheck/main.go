@@ -178,8 +178,12 @@ func WriteReport(w io.Writer, rep *Report) {
 	if !rep.Passed {
 		verdict = "FAIL"
 	}
-	fmt.Fprintf(w, "%s: %d passed, %d warnings, %d failed, %d skipped\n",
+	fmt.Fprintf(w, "%s: %d passed, %d warnings, %d failed, %d skipped",
 		verdict, tally[Pass], tally[Warn], tally[Fail], tally[Skip])
+	if !rep.Passed && tally[Fail] == 0 {
+		fmt.Fprint(w, "; nothing proven: give a body to vary (-d) or a list to count (--count-url)")
+	}
+	fmt.Fprintln(w)
 }
 
 func runLoad(ctx context.Context, config LoadConfig, asJSON bool, stdout, stderr io.Writer) int {
