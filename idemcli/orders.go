@@ -1,6 +1,7 @@
 package idemcli
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -11,8 +12,11 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // demoProblemBase prefixes the type URI of the demo's own problems; the
@@ -82,10 +86,20 @@ type orderRequest struct {
 // Unknown fields are refused: a misspelt field ("total_cent") would
 // otherwise be dropped silently and the order created without it, and the
 // stored answer would then be replayed to every retry of the mistake.
+//
+// Field names must match exactly, once each: encoding/json would take
+// "CART_ID" for "cart_id", and the last of two "cart_id" fields.
 func decodeOrder(r io.Reader) (orderRequest, error) {
-	dec := json.NewDecoder(r)
-	dec.DisallowUnknownFields()
 	var req orderRequest
+	raw, err := io.ReadAll(r)
+	if err != nil {
+		return req, describeJSONError(err)
+	}
+	if err := checkFieldNames(raw); err != nil {
+		return req, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		return req, describeJSONError(err)
 	}
@@ -99,6 +113,8 @@ func decodeOrder(r io.Reader) (orderRequest, error) {
 		return req, errors.New(`"cart_id" is empty`)
 	case len(*req.CartID) > maxCartID:
 		return req, fmt.Errorf(`"cart_id" is %d bytes long; the limit is %d`, len(*req.CartID), maxCartID)
+	case !plainText(*req.CartID):
+		return req, errors.New(`"cart_id" holds a control character or invalid UTF-8`)
 	case req.TotalCents == nil:
 		return req, errors.New(`"total_cents" is missing; send an integer number of cents such as 1900`)
 	case *req.TotalCents < 0:
@@ -107,6 +123,42 @@ func decodeOrder(r io.Reader) (orderRequest, error) {
 		return req, fmt.Errorf(`"total_cents" is larger than %d`, int64(maxTotalCents))
 	}
 	return req, nil
+}
+
+// checkFieldNames refuses an object whose top-level field names differ
+// from the order's in case, or repeat. Anything else (not an object, bad
+// JSON) is left to the decoder, which explains it better.
+func checkFieldNames(raw []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		name, _ := tok.(string)
+		switch {
+		case seen[name]:
+			return fmt.Errorf("%q appears twice; send each field once", name)
+		case name != "cart_id" && name != "total_cents":
+			return fmt.Errorf("unknown field %q; an order has only \"cart_id\" and \"total_cents\", spelt exactly so", name)
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// plainText reports whether s is valid UTF-8 without control characters:
+// what every database of the demo can store and every client can print.
+func plainText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0
 }
 
 // describeJSONError turns a decoding error into one sentence for the
@@ -189,17 +241,38 @@ func (a *ordersApp) create(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *ordersApp) list(w http.ResponseWriter, r *http.Request) {
-	orders, err := a.repo.list(r.Context(), tenantFrom(r.Context()), r.URL.Query().Get("cart_id"))
+	cartID := r.URL.Query().Get("cart_id")
+	if !plainText(cartID) {
+		writeDemoProblem(w, http.StatusBadRequest, "invalid-order", "Invalid cart_id",
+			"cart_id holds a control character or invalid UTF-8.")
+		return
+	}
+	tenant := tenantFrom(r.Context())
+	orders, err := a.repo.list(r.Context(), tenant, cartID)
 	if err != nil {
 		a.internalError(w, r, "list orders", err)
 		return
 	}
+	// The list stops at listLimit orders, oldest first; the header counts
+	// them all (idem check --count-url reads it).
+	total := len(orders)
+	if total >= listLimit {
+		if total, err = a.repo.count(r.Context(), tenant, cartID); err != nil {
+			a.internalError(w, r, "count orders", err)
+			return
+		}
+	}
+	w.Header().Set("X-Total-Count", strconv.Itoa(total))
 	writeJSON(w, http.StatusOK, orders)
 }
 
 func (a *ordersApp) get(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	o, err := a.repo.get(r.Context(), tenantFrom(r.Context()), id)
+	var o order
+	err := errOrderNotFound
+	if plainText(id) { // no order has any other id; the databases may refuse to compare one
+		o, err = a.repo.get(r.Context(), tenantFrom(r.Context()), id)
+	}
 	switch {
 	case errors.Is(err, errOrderNotFound):
 		// Another tenant's order is not found either: ids do not leak

@@ -43,8 +43,8 @@ type orderRepo interface {
 	insert(ctx context.Context, tenant string, o order) error
 	list(ctx context.Context, tenant, cartID string) ([]order, error)
 	get(ctx context.Context, tenant, id string) (order, error)
-	// count returns how many orders tenant has for cartID, for tests and
-	// the README's check.
+	// count returns how many orders tenant has for cartID (all of them
+	// for ""), for the X-Total-Count of a list cut at listLimit, and tests.
 	count(ctx context.Context, tenant, cartID string) (int, error)
 }
 
@@ -178,8 +178,13 @@ func (r *sqlOrders) get(ctx context.Context, tenant, id string) (order, error) {
 }
 
 func (r *sqlOrders) count(ctx context.Context, tenant, cartID string) (int, error) {
+	q, args := `SELECT COUNT(*) FROM `+ordersTable+` WHERE tenant_id = ?`, []any{tenant}
+	if cartID != "" {
+		q += ` AND cart_id = ?`
+		args = append(args, cartID)
+	}
 	var n int
-	err := r.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+ordersTable+` WHERE tenant_id = ? AND cart_id = ?`, tenant, cartID).Scan(&n)
+	err := r.db.QueryRowContext(ctx, q, args...).Scan(&n)
 	return n, err
 }
 
@@ -264,7 +269,12 @@ func (r *pgOrders) get(ctx context.Context, tenant, id string) (order, error) {
 }
 
 func (r *pgOrders) count(ctx context.Context, tenant, cartID string) (int, error) {
+	q, args := `SELECT COUNT(*) FROM `+ordersTable+` WHERE tenant_id = $1`, []any{tenant}
+	if cartID != "" {
+		q += ` AND cart_id = $2`
+		args = append(args, cartID)
+	}
 	var n int
-	err := r.pool.QueryRow(ctx, `SELECT COUNT(*) FROM `+ordersTable+` WHERE tenant_id = $1 AND cart_id = $2`, tenant, cartID).Scan(&n)
+	err := r.pool.QueryRow(ctx, q, args...).Scan(&n)
 	return n, err
 }

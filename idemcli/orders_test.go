@@ -92,6 +92,15 @@ func TestOrdersOnEachDatabase(t *testing.T) {
 			if len(got) != 2 || !sameOrder(got[0], o) && !sameOrder(got[1], o) {
 				t.Fatalf("list = %+v, want %+v and %+v", got, o, o2)
 			}
+			if total := list.header.Get("X-Total-Count"); total != "2" {
+				t.Fatalf("X-Total-Count %q, want 2", total)
+			}
+			// Text no database can hold, or no order id can be: refused
+			// or not found, never a 500.
+			checkProblem(t, do(t, req{method: "GET", url: url + "?cart_id=%ff"}), http.StatusBadRequest, "invalid-order")
+			checkProblem(t, do(t, req{method: "GET", url: url + "?cart_id=a%00b"}), http.StatusBadRequest, "invalid-order")
+			checkProblem(t, do(t, req{method: "GET", url: url + "/%ff"}), http.StatusNotFound, "order-not-found")
+			checkProblem(t, do(t, req{method: "GET", url: url + "/a%00b"}), http.StatusNotFound, "order-not-found")
 			n, err := s.app.repo.count(context.Background(), DefaultTenant, "c_42")
 			if err != nil || n != 2 {
 				t.Fatalf("count = %d, %v; want 2", n, err)
@@ -139,6 +148,10 @@ func TestOrdersInvalidBody(t *testing.T) {
 		{"total too large", `{"cart_id":"c_42","total_cents":9007199254740992}`, "larger than"},
 		{"unknown field", `{"cart_id":"c_42","total_cents":1900,"coupon":"X"}`, `unknown field "coupon"`},
 		{"two objects", goodOrder + goodOrder, "goes on after"},
+		{"field in capitals", `{"CART_ID":"c_42","total_cents":1900}`, `unknown field "CART_ID"`},
+		{"field twice", `{"cart_id":"c_1","cart_id":"c_42","total_cents":1900}`, `"cart_id" appears twice`},
+		{"NUL in cart_id", `{"cart_id":"c\u0000_42","total_cents":1900}`, "control character"},
+		{"newline in cart_id", `{"cart_id":"c\n42","total_cents":1900}`, "control character"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
