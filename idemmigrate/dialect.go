@@ -15,7 +15,7 @@ const (
 	Postgres Dialect = "postgres"
 	// SQLite is SQLite 3.42 or later (modernc.org/sqlite or cgo drivers).
 	SQLite Dialect = "sqlite"
-	// MySQL is MySQL 8.0.16 or later, or MariaDB 10.5 or later, on InnoDB.
+	// MySQL is MySQL 8.0.16 or later, or MariaDB 10.6 or later, on InnoDB.
 	MySQL Dialect = "mysql"
 )
 

@@ -17,7 +17,7 @@ var (
 	// "sqlite", no cgo) or another driver; open it with OpenSQLite. Times
 	// are integer Unix microseconds from SQLite's own clock.
 	SQLite = Dialect{sqliteDialect}
-	// MySQL is MySQL 8.0.16+ or MariaDB 10.5+ on InnoDB, through
+	// MySQL is MySQL 8.0.16+ or MariaDB 10.6+ on InnoDB, through
 	// github.com/go-sql-driver/mysql. Times are DATETIME(6) holding UTC
 	// from UTC_TIMESTAMP(6). Tenants are limited to 512 bytes.
 	MySQL = Dialect{mysqlDialect}
@@ -80,6 +80,13 @@ type dialect struct {
 	// needs one (MySQL: READ COMMITTED takes no gap locks).
 	purgeIsolation sql.IsolationLevel
 	purgeInTx      bool
+	// purgePick, when set, picks the batch first (tenant_id, idem_key,
+	// locking them, skipping rows other sessions hold) and purge then
+	// deletes each picked row (@tenant, @key), in the same
+	// transaction: MySQL's DELETE … LIMIT cannot skip locked rows, and
+	// would wait on one, holding every row it passed, until its lock wait
+	// timed out and undid the whole batch.
+	purgePick query
 
 	// deadlock reports an error after which the database rolled the
 	// statement's transaction back whole, so that it may simply run again

@@ -74,14 +74,24 @@ WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state
 	release: compile(`DELETE FROM idem_keys
 WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, positional),
 
-	// Walks idem_keys_expires_at_idx (whose entries end with the primary
-	// key, hence the deterministic order) and stops after the batch. It
-	// runs under READ COMMITTED, where InnoDB takes no gap locks, so that
-	// no claim waits behind the range it scanned.
-	purge: compile(`DELETE FROM idem_keys
+	// The pick walks idem_keys_expires_at_idx (whose entries end with the
+	// primary key, hence the deterministic order), locks the batch and
+	// skips rows another session holds (SKIP LOCKED: MySQL 8.0.1+,
+	// MariaDB 10.6+), so that neither the purge nor a claim ever waits on
+	// the other. Under READ COMMITTED InnoDB takes no gap locks. The
+	// delete repeats the conditions; the rows are locked, so they hold.
+	purgePick: compile(`SELECT tenant_id, idem_key FROM idem_keys
 WHERE expires_at <= UTC_TIMESTAMP(6)
   AND NOT (state = 'in_flight' AND locked_until > UTC_TIMESTAMP(6))
-ORDER BY expires_at, tenant_id, idem_key LIMIT @limit`, positional),
+ORDER BY expires_at, tenant_id, idem_key LIMIT @limit
+FOR UPDATE SKIP LOCKED`, positional),
+	// Run once per picked row, by primary key: a DELETE of the whole batch
+	// at once (IN a list of keys) may be planned as a scan of the table,
+	// which waits on the very rows the pick skipped.
+	purge: compile(`DELETE FROM idem_keys
+WHERE tenant_id = @tenant AND idem_key = @key
+  AND expires_at <= UTC_TIMESTAMP(6)
+  AND NOT (state = 'in_flight' AND locked_until > UTC_TIMESTAMP(6))`, positional),
 	purgeInTx:      true,
 	purgeIsolation: sql.LevelReadCommitted,
 

@@ -67,13 +67,19 @@
 // takeover arriving after the completion waits for its commit and then
 // finds the record complete.
 //
-// Purge runs its bounded DELETE … ORDER BY expires_at LIMIT n under READ
-// COMMITTED, where InnoDB takes no gap locks, so that claims inserting new
-// keys never wait behind the range it scanned. A purge and a claim taking
-// over an expired record lock the row and its expires_at entry in opposite
-// orders, so InnoDB may break a deadlock between them by rolling one back;
-// the store runs such a single-statement victim again (claim, extend,
-// release, purge), so that no deadlock reaches the caller.
+// Purge picks a bounded batch (SELECT … ORDER BY expires_at LIMIT n FOR
+// UPDATE SKIP LOCKED, MySQL 8.0.1+ or MariaDB 10.6+) and deletes it row by
+// row by primary key, under READ COMMITTED, where InnoDB takes no gap
+// locks: claims inserting new keys never wait behind the range it
+// scanned, and an expired row another session holds locked is left for a
+// later pass instead of stalling the batch (a DELETE … LIMIT would wait on
+// it until its lock wait timed out and undid everything). A purge and a
+// claim taking over an expired record may still lock the row and its
+// expires_at entry in opposite orders, so InnoDB may break a deadlock
+// between them by rolling one back; the store runs such a victim again
+// (claim, extend, release, purge), so that no deadlock reaches the caller.
+// With statement-based binary logging (binlog_format=STATEMENT) InnoDB
+// refuses writes under READ COMMITTED; use ROW or MIXED (the defaults).
 //
 // The DSN needs nothing special: parseTime may be on or off, and any loc
 // is fine, since times are stored as UTC DATETIME(6) and read as UTC

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -388,4 +389,55 @@ func mustCount(t *testing.T, env *testDB, id string, want int) {
 	if n != want {
 		t.Fatalf("business rows %q: %d, want %d", id, n, want)
 	}
+}
+
+// An expired record that another session holds locked (an operator's
+// SELECT … FOR UPDATE, a user transaction still open) is skipped: the
+// purge deletes the others at once instead of waiting on it until its lock
+// wait times out and undoes the batch, and a claim taking over an expired
+// key does not wait behind the purge. SQLite has no row locks.
+func TestPurgeSkipsLockedRows(t *testing.T) {
+	forEachDialect(t, func(t *testing.T, env *testDB) {
+		if env.dialect == idemsql.SQLite {
+			t.Skip("SQLite has no row locks: a writer holds the whole database")
+		}
+		ctx := context.Background()
+		tenant := newName("tenant")
+		keys := make([]string, 10)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("expired-%02d", i)
+			p := claimParams(tenant, keys[i], "fp")
+			p.Lease, p.Retention = shortLease, shortRetention
+			mustClaim(t, env.store, p, true)
+		}
+		sleepPast(time.Now(), shortRetention)
+
+		locker, err := env.peerDB.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer locker.Rollback() //nolint:errcheck
+		lockSQL := `SELECT 1 FROM idem_keys WHERE tenant_id = ? AND idem_key = ? FOR UPDATE`
+		if env.dialect == idemsql.Postgres {
+			lockSQL = `SELECT 1 FROM idem_keys WHERE tenant_id = $1 AND idem_key = $2 FOR UPDATE`
+		}
+		var one int
+		if err := locker.QueryRowContext(ctx, lockSQL, tenant, keys[0]).Scan(&one); err != nil {
+			t.Fatal(err)
+		}
+
+		// Far shorter than any lock wait timeout: a purge that waits on
+		// the locked row fails here instead of deleting the nine others.
+		quick, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if n, err := env.store.Purge(quick, idem.PurgeParams{Limit: 100}); err != nil || n != 9 {
+			t.Fatalf("Purge with one expired row locked elsewhere = %d, %v; want the 9 others", n, err)
+		}
+		if err := locker.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := env.store.Purge(ctx, idem.PurgeParams{Limit: 100}); err != nil || n != 1 {
+			t.Fatalf("Purge once the lock is gone = %d, %v; want 1", n, err)
+		}
+	})
 }
