@@ -69,18 +69,24 @@ func (c *Migrate) Run(ctx context.Context, opts *MigrateOpts) error {
 		defer db.Close() //nolint:errcheck // closes the adapter, not the pool
 	}
 	dialect := cn.migrationDialect()
-	pending, err := idemmigrate.Pending(ctx, db, dialect)
-	if err != nil {
-		return fmt.Errorf("read the applied migrations: %w", err)
-	}
 	out := c.stdout()
 	if opts.DryRun {
+		pending, err := idemmigrate.Pending(ctx, db, dialect)
+		if err != nil {
+			return fmt.Errorf("read the applied migrations: %w", err)
+		}
 		return printMigrations(out, pending, "pending: ")
 	}
-	if err := idemmigrate.Migrate(ctx, db, dialect); err != nil {
+	// What this run applied, not what was pending before it took the
+	// lock: two processes migrating at once must not both say "applied".
+	applied, err := idemmigrate.Apply(ctx, db, dialect)
+	if err != nil {
+		for _, name := range applied { // what did happen before the failure
+			fmt.Fprintln(out, "applied: "+name)
+		}
 		return err
 	}
-	return printMigrations(out, pending, "applied: ")
+	return printMigrations(out, applied, "applied: ")
 }
 
 func printMigrations(w io.Writer, names []string, prefix string) error {

@@ -16,7 +16,7 @@ type dialectSQL struct {
 	lock func(ctx context.Context, conn *sql.Conn) (unlock func(), err error)
 	// apply runs one migration unless it is already recorded, and records
 	// it.
-	apply func(ctx context.Context, conn *sql.Conn, m migration) error
+	apply func(ctx context.Context, conn *sql.Conn, m migration) (applied bool, err error)
 }
 
 var dialects = map[Dialect]dialectSQL{
@@ -68,24 +68,24 @@ func postgresLock(ctx context.Context, conn *sql.Conn) (func(), error) {
 	}, nil
 }
 
-func postgresApply(ctx context.Context, conn *sql.Conn, m migration) error {
+func postgresApply(ctx context.Context, conn *sql.Conn, m migration) (bool, error) {
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer tx.Rollback() //nolint:errcheck // harmless after Commit
 	if done, err := isApplied(ctx, tx, "$1", m.version); err != nil || done {
-		return err
+		return false, err
 	}
 	// No arguments: the driver sends the script through the simple query
 	// protocol, which runs several statements.
 	if _, err := tx.ExecContext(ctx, m.sql); err != nil {
-		return err
+		return false, err
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO idem_schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
-		return err
+		return false, err
 	}
-	return tx.Commit()
+	return true, tx.Commit()
 }
 
 // mysqlLockWait bounds the wait for another migrator, in seconds; the
@@ -114,17 +114,17 @@ func mysqlLock(ctx context.Context, conn *sql.Conn) (func(), error) {
 // statement implicitly, so a transaction would promise an atomicity it
 // cannot give. The files use IF NOT EXISTS so that a run interrupted
 // between a statement and the record is completed by the next run.
-func mysqlApply(ctx context.Context, conn *sql.Conn, m migration) error {
+func mysqlApply(ctx context.Context, conn *sql.Conn, m migration) (bool, error) {
 	if done, err := isApplied(ctx, conn, "?", m.version); err != nil || done {
-		return err
+		return false, err
 	}
 	for _, stmt := range splitStatements(m.sql) {
 		if _, err := conn.ExecContext(ctx, stmt); err != nil {
-			return err
+			return false, err
 		}
 	}
 	_, err := conn.ExecContext(ctx, `INSERT INTO idem_schema_migrations (version, name) VALUES (?, ?)`, m.version, m.name)
-	return err
+	return err == nil, err
 }
 
 // sqliteBusyTimeout is the busy timeout, in milliseconds, that the
@@ -156,9 +156,9 @@ func sqliteLock(ctx context.Context, conn *sql.Conn) (func(), error) {
 // by hand so that it does not depend on the DSN's _txlock. Whether the
 // migration is already recorded is read inside that transaction: another
 // process may have applied it while this one waited.
-func sqliteApply(ctx context.Context, conn *sql.Conn, m migration) (err error) {
+func sqliteApply(ctx context.Context, conn *sql.Conn, m migration) (applied bool, err error) {
 	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
-		return err
+		return false, err
 	}
 	defer func() {
 		if err != nil {
@@ -168,16 +168,18 @@ func sqliteApply(ctx context.Context, conn *sql.Conn, m migration) (err error) {
 	}()
 	done, err := isApplied(ctx, conn, "?", m.version)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if !done {
 		if _, err := conn.ExecContext(ctx, m.sql); err != nil {
-			return err
+			return false, err
 		}
 		if _, err := conn.ExecContext(ctx, `INSERT INTO idem_schema_migrations (version, name) VALUES (?, ?)`, m.version, m.name); err != nil {
-			return err
+			return false, err
 		}
 	}
-	_, err = conn.ExecContext(ctx, `COMMIT`)
-	return err
+	if _, err = conn.ExecContext(ctx, `COMMIT`); err != nil {
+		return false, err
+	}
+	return !done, nil
 }

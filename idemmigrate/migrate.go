@@ -24,32 +24,46 @@ import (
 // database but unknown to this build (a newer release migrated first) are
 // left alone.
 func Migrate(ctx context.Context, db *sql.DB, dialect Dialect) error {
+	_, err := Apply(ctx, db, dialect)
+	return err
+}
+
+// Apply is Migrate, and returns the names of the migrations this call
+// applied, in order: none when another process applied them while this one
+// waited for the lock (what `idem migrate` prints). On error, the names
+// are those applied before it.
+func Apply(ctx context.Context, db *sql.DB, dialect Dialect) ([]string, error) {
 	all, err := migrations(dialect)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	conn, err := db.Conn(ctx)
 	if err != nil {
-		return fmt.Errorf("idemmigrate: %w", err)
+		return nil, fmt.Errorf("idemmigrate: %w", err)
 	}
 	defer conn.Close()
 
 	d := dialects[dialect]
 	unlock, err := d.lock(ctx, conn)
 	if err != nil {
-		return fmt.Errorf("idemmigrate: lock: %w", err)
+		return nil, fmt.Errorf("idemmigrate: lock: %w", err)
 	}
 	defer unlock()
 
 	if _, err := conn.ExecContext(ctx, d.createTable); err != nil {
-		return fmt.Errorf("idemmigrate: create idem_schema_migrations: %w", err)
+		return nil, fmt.Errorf("idemmigrate: create idem_schema_migrations: %w", err)
 	}
+	var applied []string
 	for _, m := range all {
-		if err := d.apply(ctx, conn, m); err != nil {
-			return fmt.Errorf("idemmigrate: %s/%s.sql: %w", dialect, m.name, err)
+		did, err := d.apply(ctx, conn, m)
+		if err != nil {
+			return applied, fmt.Errorf("idemmigrate: %s/%s.sql: %w", dialect, m.name, err)
+		}
+		if did {
+			applied = append(applied, m.name)
 		}
 	}
-	return nil
+	return applied, nil
 }
 
 // Pending returns the names (such as "0001_idem_keys") of the migrations

@@ -62,13 +62,18 @@ func TestMigrate(t *testing.T) {
 			var start, done sync.WaitGroup
 			start.Add(1)
 			errs := make([]error, processes)
+			applied := make([][]string, processes)
 			for i := range processes {
 				db := open()
 				done.Add(1)
 				go func() {
 					defer done.Done()
 					start.Wait()
-					errs[i] = idemmigrate.Migrate(ctx, db, dialect)
+					if i%2 == 0 {
+						errs[i] = idemmigrate.Migrate(ctx, db, dialect)
+					} else {
+						applied[i], errs[i] = idemmigrate.Apply(ctx, db, dialect)
+					}
 				}()
 			}
 			start.Done()
@@ -76,6 +81,17 @@ func TestMigrate(t *testing.T) {
 			for i, err := range errs {
 				if err != nil {
 					t.Errorf("process %d: %v", i, err)
+				}
+			}
+			// Each migration is reported applied by the one process that
+			// applied it, if that was an Apply: never by two.
+			seen := map[string]int{}
+			for i, names := range applied {
+				for _, n := range names {
+					if prev, dup := seen[n]; dup {
+						t.Errorf("%s reported applied by processes %d and %d", n, prev, i)
+					}
+					seen[n] = i
 				}
 			}
 
@@ -104,8 +120,8 @@ func TestMigrate(t *testing.T) {
 				t.Fatalf("idem_keys not usable: %v", err)
 			}
 			// A second run is a no-op.
-			if err := idemmigrate.Migrate(ctx, db, dialect); err != nil {
-				t.Fatalf("second Migrate: %v", err)
+			if names, err := idemmigrate.Apply(ctx, db, dialect); err != nil || len(names) != 0 {
+				t.Fatalf("second Apply = %v, %v; want nothing applied", names, err)
 			}
 		})
 	}
