@@ -32,9 +32,20 @@
 // Location, Content-Type or Content-Location is a failure, in another
 // header a warning.
 //
-// A warning does not fail the run: Main exits 0 when no check failed, 1
-// when one did, and 2 when the flags are wrong or the URL cannot be
-// reached.
+// A warning does not fail the run, but warnings alone prove nothing: Main
+// exits 0 when no check failed and at least one passed, 1 otherwise (a
+// failure, or nothing proven), and 2 when the flags are wrong or no
+// request could reach the URL. A server that is reached but does not
+// answer in time fails the checks (exit 1): hanging on concurrent
+// duplicates is a bug of its own.
+//
+// Check 1 judges unmarked successes with check 2's help: when the retry
+// comes back marked Idempotent-Replayed, the server marks its replays, so
+// several unmarked successes among the duplicates are several executions,
+// even when their bodies are identical. Check 4 fails a fresh key answered
+// with the first key's Location. With --count-url, an X-Total-Count header
+// on the list, where the API sends one, is the count (lists cut to a page
+// would otherwise stop growing).
 //
 // # Load mode
 //

@@ -20,7 +20,7 @@ import (
 
 // Exit codes of Main.
 const (
-	ExitPass   = 0 // every check passed (warnings allowed), or the load had no failure
+	ExitPass   = 0 // no check failed and one passed (warnings allowed), or the load had no failure
 	ExitFail   = 1 // a check failed, or a load request failed
 	ExitUsage  = 2 // bad flags, or the target could not be reached
 	usageShort = "usage: idem check [flags] URL (idem check -h for help)"
@@ -32,8 +32,9 @@ Checks that URL honours Idempotency-Key: fires -n identical requests with one
 fresh key at the same instant, retries after they finish, reuses the key
 with another body, sends a fresh key, and (with --count-url) counts the
 resources created. Each check prints one line: PASS, WARN, FAIL or SKIP with
-its evidence. Exit status: 0 when no check failed, 1 when one did, 2 for bad
-flags or an unreachable URL.
+its evidence. Exit status: 0 when no check failed and at least one passed,
+1 when one failed or nothing could be proven, 2 for bad flags or an
+unreachable URL.
 
 With --load, sends requests from --concurrency workers for --duration
 instead, and reports throughput, latency percentiles and a histogram.
