@@ -8,8 +8,6 @@ import (
 	"math/rand/v2"
 	"runtime/debug"
 	"time"
-
-	"github.com/idem-go/idem/internal/lateclaim"
 )
 
 // Defaults for Config.
@@ -171,19 +169,6 @@ func (e *Engine) Do(ctx context.Context, op Operation, fn func(ctx context.Conte
 		Retention: max(e.config.Retention, e.config.Lease),
 	})
 	if err != nil {
-		if ctx.Err() != nil {
-			// The caller gave up while the claim ran, and the store may
-			// have run it after all (a statement cancelled after it was
-			// sent): release it, fenced by this token, so that the
-			// client's retry finds the key free rather than in flight
-			// until the lease ends. Harmless if nothing was claimed; in
-			// the background, since it is repeated over a few seconds
-			// (see lateclaim). Not for other errors: a store that is
-			// down has claimed nothing, and would only get more load.
-			go lateclaim.Release(ctx, func(ctx context.Context) error {
-				return e.store.Release(ctx, ReleaseParams{Tenant: op.Tenant, Key: op.Key, Token: token})
-			})
-		}
 		return Outcome{}, storeError("claim", err)
 	}
 	if !claim.Won {

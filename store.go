@@ -32,9 +32,9 @@ type Store interface {
 	// A claim that returns an error must not leave the key held: where
 	// the operation may still run after the error (a statement cancelled
 	// after it was sent), the store releases it, fenced by Token, as the
-	// SQL stores do: at once and again over a few seconds, since the late
-	// operation may come after the first release. The engine also does so
-	// when ctx has ended.
+	// SQL stores and idemredis do: at once and again over a few seconds,
+	// since the late operation may come after the first release. An
+	// operation that was never sent (no connection) needs nothing.
 	Claim(ctx context.Context, p ClaimParams) (ClaimResult, error)
 
 	// Begin opens the unit of work in which the handler's business writes

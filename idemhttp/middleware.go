@@ -5,7 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -228,10 +230,16 @@ func (e *execution) do(ctx context.Context) (idem.Result, error) {
 // storedHeader fills out with the allowlisted part of h and returns it,
 // or nil when there is none. The value slices are shared with h: stores
 // copy or encode them.
+//
+// A value holding a control character (a handler's bug) is stored with
+// each one as a space, as net/http sends CR and LF: a store refuses
+// control characters, and refusing the whole answer would undo the work
+// the handler already did (all of it, with a store that has no
+// transaction) for a retry to run again.
 func (m *Middleware) storedHeader(out map[string][]string, h http.Header) map[string][]string {
 	for k, v := range h {
 		if m.replay.has(k) {
-			out[k] = v
+			out[k] = withoutCTL(v)
 		}
 	}
 	if len(out) == 0 {
@@ -326,4 +334,26 @@ func (m *Middleware) writeError(w http.ResponseWriter, r *http.Request, rec *rec
 		log.ErrorContext(ctx, "idemhttp: unexpected engine error", slog.String("key", op.Key), slog.Any("error", err))
 		writeProblem(w, problemInternal)
 	}
+}
+
+// withoutCTL returns values with every control character but tab as a
+// space; values itself when there is none, which is the rule.
+func withoutCTL(values []string) []string {
+	isCTL := func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }
+	for i, v := range values {
+		if strings.IndexFunc(v, isCTL) < 0 {
+			continue
+		}
+		clean := slices.Clone(values)
+		for j := i; j < len(clean); j++ {
+			clean[j] = strings.Map(func(r rune) rune {
+				if isCTL(r) {
+					return ' '
+				}
+				return r
+			}, clean[j])
+		}
+		return clean
+	}
+	return values
 }

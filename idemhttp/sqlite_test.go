@@ -197,3 +197,29 @@ func TestSQLiteStoreUnavailable(t *testing.T) {
 		t.Fatalf("handler ran %d times with the database closed", runs.Load())
 	}
 }
+
+// A handler that puts a control character in a replayed header (a bug of
+// its own) still gets its answer stored, the character as a space, as
+// net/http sends CR and LF: refusing the answer would undo the order for
+// the retry to make it again.
+func TestSQLiteControlCharacterInStoredHeader(t *testing.T) {
+	e := newSQLiteEnv(t)
+	runs := 0
+	h := e.handler(t, idemhttp.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		insertOrder(t, r)
+		w.Header().Set("Location", "/orders/1\r\nX-Evil: 1")
+		w.WriteHeader(http.StatusCreated)
+	}))
+	first := serve(h, request(http.MethodPost, "/orders", "k1", "a"))
+	again := serve(h, request(http.MethodPost, "/orders", "k1", "a"))
+	if first.Code != http.StatusCreated || again.Code != http.StatusCreated || again.Header().Get(idemhttp.HeaderReplayed) != "true" {
+		t.Fatalf("first %d, retry %d (replayed %q); want 201 and its replay", first.Code, again.Code, again.Header().Get(idemhttp.HeaderReplayed))
+	}
+	if loc := again.Header().Get("Location"); loc != "/orders/1  X-Evil: 1" {
+		t.Fatalf("replayed Location %q", loc)
+	}
+	if runs != 1 || e.orders(t) != 1 {
+		t.Fatalf("%d runs, %d orders; want 1 and 1", runs, e.orders(t))
+	}
+}

@@ -10,7 +10,10 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/internal/atonce"
+	"github.com/idem-go/idem/internal/lateclaim"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // endsAtCheck is a context that ends itself the moment its Err is called
@@ -62,6 +65,24 @@ func TestCancelledClaimLeavesNoKeyHeld(t *testing.T) {
 				claim(c, fmt.Sprintf("deadline-%d", i))
 				cancel()
 			}
+			// Forty at one barrier, all giving up at one instant: whole
+			// batches fail together, and each of their claims must be
+			// released promptly, not one after another's schedule.
+			for round := range 4 {
+				c, cancel := context.WithTimeout(ctx, time.Duration(rand.Int64N(int64(3*time.Millisecond))))
+				keys := make([]string, 40)
+				tokens := make([]int64, 40)
+				errs := make([]error, 40)
+				atonce.Run(40, func(i int) {
+					keys[i] = fmt.Sprintf("together%d-%d", round, i)
+					tokens[i] = rand.Int64N(1<<62) + 1
+					_, errs[i] = e.store.Claim(c, idem.ClaimParams{Tenant: "t", Key: keys[i], Token: tokens[i], Lease: time.Hour, Retention: time.Hour})
+				})
+				cancel()
+				for i := range keys {
+					attempts = append(attempts, attempt{keys[i], tokens[i], errs[i] == nil})
+				}
+			}
 			for at := int32(1); at <= 4; at++ {
 				for i := range 25 {
 					c, cancel := context.WithCancel(ctx)
@@ -75,7 +96,8 @@ func TestCancelledClaimLeavesNoKeyHeld(t *testing.T) {
 					continue
 				}
 				failed++
-				// The release runs after the claim has returned.
+				// The release runs after the claim has returned, within
+				// seconds (the lease is an hour).
 				waitFor(t, "the release of "+a.key, func() bool {
 					rec, err := e.store.Get(ctx, "t", a.key)
 					return errors.Is(err, idem.ErrNotFound) || err == nil && rec.LeaseToken != a.token
@@ -125,5 +147,31 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("gave up waiting for %s", what)
 		}
+	}
+}
+
+// A store whose database cannot be reached starts no release for its
+// failed claims: nothing was sent, and a database coming back must not
+// meet a pile of releases.
+func TestUnreachableDatabaseStartsNoRelease(t *testing.T) {
+	for _, mode := range claimModes {
+		t.Run(mode.name, func(t *testing.T) {
+			pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/test?connect_timeout=1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			store := idempg.NewWithConfig(pool, mode.config)
+			before := lateclaim.Started()
+			for i := range 20 {
+				_, err := store.Claim(context.Background(), idem.ClaimParams{Tenant: "t", Key: fmt.Sprintf("k%d", i), Token: int64(i + 1), Lease: time.Minute, Retention: time.Hour})
+				if err == nil {
+					t.Fatal("a claim succeeded against a closed port")
+				}
+			}
+			if n := lateclaim.Started() - before; n != 0 {
+				t.Fatalf("%d releases started for claims that were never sent", n)
+			}
+		})
 	}
 }

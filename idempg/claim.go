@@ -104,11 +104,16 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		var won bool
 		var r scannedRecord
 		dest := append([]any{&won}, r.dest()...)
-		err := s.pool.QueryRow(ctx, s.claimQuery, p.Tenant, p.Key, fingerprint, p.Token,
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return idem.ClaimResult{}, err // nothing sent: nothing to release
+		}
+		err = conn.QueryRow(ctx, s.claimQuery, p.Tenant, p.Key, fingerprint, p.Token,
 			micros(p.Lease), micros(p.Retention)).Scan(dest...)
+		conn.Release()
 		if err != nil {
 			if mayHaveRun(err) {
-				go s.releaseQuietly(ctx, p)
+				s.releaseLate(ctx, p)
 			}
 			return idem.ClaimResult{}, interpretError(err)
 		}

@@ -291,11 +291,9 @@ func (b *claimBatcher) exec(batch []*claimWaiter) {
 		// key stays in flight for a caller that was told it failed.
 		// Followers claimed nothing of their own.
 		if mayHaveRun(err) {
-			go func() {
-				for _, w := range batch {
-					b.store.releaseQuietly(w.ctx, w.p)
-				}
-			}()
+			for _, w := range batch {
+				b.store.releaseLate(w.ctx, w.p)
+			}
 		}
 		return
 	}
@@ -335,11 +333,18 @@ func (b *claimBatcher) exec(batch []*claimWaiter) {
 // only one, which costs the server less than claimBatchSQL over one row,
 // else claimBatchSQL. results[i] answers batch[i].
 func (b *claimBatcher) query(ctx context.Context, batch []*claimWaiter) ([]claimRow, error) {
+	// The connection first, so that a failure to get one is known to have
+	// sent nothing (notSent): no claim to release.
+	conn, err := b.store.pool.Acquire(ctx)
+	if err != nil {
+		return nil, notSent{err}
+	}
+	defer conn.Release()
 	n := len(batch)
 	results := make([]claimRow, n)
 	if n == 1 {
 		w, res := batch[0], &results[0]
-		err := b.store.pool.QueryRow(ctx, b.store.claimQuery, w.p.Tenant, w.p.Key, w.fingerprint, w.p.Token,
+		err := conn.QueryRow(ctx, b.store.claimQuery, w.p.Tenant, w.p.Key, w.fingerprint, w.p.Token,
 			micros(w.p.Lease), micros(w.p.Retention)).Scan(append([]any{&res.won}, res.record.dest()...)...)
 		return results, err
 	}
@@ -353,7 +358,7 @@ func (b *claimBatcher) query(ctx context.Context, batch []*claimWaiter) ([]claim
 		tenants[i], keys[i], fingerprints[i] = w.p.Tenant, w.p.Key, w.fingerprint
 		tokens[i], leases[i], retentions[i] = w.p.Token, micros(w.p.Lease), micros(w.p.Retention)
 	}
-	rows, err := b.store.pool.Query(ctx, claimBatchSQL, tenants, keys, fingerprints, tokens, leases, retentions)
+	rows, err := conn.Query(ctx, claimBatchSQL, tenants, keys, fingerprints, tokens, leases, retentions)
 	if err != nil {
 		return nil, err
 	}
@@ -391,11 +396,11 @@ func (b *claimBatcher) deliver(w *claimWaiter, o claimOutcome) {
 	}
 }
 
-// releaseQuietly releases p's claim, which its caller was told failed or
-// never heard of, the way lateclaim.Release says: repeated over a few
+// releaseLate releases, in the background, p's claim, which its caller
+// was told failed, the way lateclaim.Release says: repeated over a few
 // seconds, since the claim's own statement may still be running.
-func (s *Store) releaseQuietly(ctx context.Context, p idem.ClaimParams) {
-	lateclaim.Release(ctx, func(ctx context.Context) error {
+func (s *Store) releaseLate(ctx context.Context, p idem.ClaimParams) {
+	lateclaim.Go(ctx, func(ctx context.Context) error {
 		return s.Release(ctx, idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token})
 	})
 }

@@ -100,7 +100,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			// The script may run, or have run, after all: release what
 			// it may claim, fenced by the token, so that the key does not
 			// stay in flight for a caller told the claim failed.
-			go lateclaim.Release(ctx, func(ctx context.Context) error {
+			lateclaim.Go(ctx, func(ctx context.Context) error {
 				return s.Release(ctx, idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token})
 			})
 		}
@@ -188,7 +188,7 @@ func mayHaveRun(ctx context.Context, err error) bool {
 		return false
 	}
 	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	if errors.As(err, &op) && op.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout) {
 		return false
 	}
 	if ctx.Err() != nil {

@@ -69,13 +69,13 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			return err
 		})
 		if err != nil {
-			if ctx.Err() != nil {
+			if ns := (notSent{}); ctx.Err() != nil && !errors.As(err, &ns) {
 				// The database may run the statement after all (it was
 				// cancelled after it was sent): release what it may
 				// claim, fenced by the token, so that no key stays in
 				// flight for a caller told the claim failed. Harmless
 				// when nothing was claimed.
-				go s.releaseQuietly(ctx, p)
+				s.releaseQuietly(ctx, p)
 			}
 			return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: %w", err)
 		}
@@ -98,21 +98,35 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 // the way lateclaim.Release says: repeated over a few seconds, since the
 // claim's own statement may still be running.
 func (s *Store) releaseQuietly(ctx context.Context, p idem.ClaimParams) {
-	lateclaim.Release(ctx, func(ctx context.Context) error {
+	lateclaim.Go(ctx, func(ctx context.Context) error {
 		return s.Release(ctx, idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token})
 	})
 }
 
+// notSent marks a claim error that came before the statement was sent (no
+// connection could be had): there is no claim to release.
+type notSent struct{ err error }
+
+func (e notSent) Error() string { return e.err.Error() }
+func (e notSent) Unwrap() error { return e.err }
+
 func (s *Store) claimOnce(ctx context.Context, args []any) (bool, error) {
+	// The connection first, so that failing to get one is told apart from
+	// a statement cancelled once sent.
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return false, notSent{err}
+	}
+	defer conn.Close()
 	if s.d.claimReturns {
 		var token int64
-		err := s.db.QueryRowContext(ctx, s.d.claim.text, args...).Scan(&token)
+		err := conn.QueryRowContext(ctx, s.d.claim.text, args...).Scan(&token)
 		if errors.Is(err, sql.ErrNoRows) {
 			return false, nil
 		}
 		return err == nil, err
 	}
-	res, err := s.db.ExecContext(ctx, s.d.claim.text, args...)
+	res, err := conn.ExecContext(ctx, s.d.claim.text, args...)
 	if err != nil {
 		return false, err
 	}

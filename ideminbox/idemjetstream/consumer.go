@@ -194,7 +194,8 @@ func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer, opts ..
 }
 
 // ErrClosed is returned by Consume when the consumption ends without ctx
-// ending: the consumer was deleted, or the connection closed. Messages not
+// ending: the consumer was deleted, or the connection closed (or, with
+// jetstream.StopAfter among the options, the count was reached). Messages not
 // acknowledged are redelivered after AckWait, to this or another instance.
 var ErrClosed = errors.New("idemjetstream: the consumption was closed (consumer deleted or connection closed)")
 

@@ -12,6 +12,7 @@ package lateclaim
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,11 +22,46 @@ var Schedule = []time.Duration{0, 20 * time.Millisecond, 100 * time.Millisecond,
 // attemptTimeout bounds each release.
 const attemptTimeout = 2 * time.Second
 
+// maxRunning bounds the release schedules running at once in a process:
+// about 1 200 releases a second at most (each a fenced DELETE by primary
+// key). The stores start one only for a claim that was sent and may have
+// run (never for one that found no connection), so a database that is
+// down gets none; one that is overloaded, and cancels many claims it may
+// still run, gets these rather than 409s for a whole lease on each key.
+// Past the bound a claim is not released here: its key stays held until
+// its lease ends, the same as when a release fails.
+const maxRunning = 1024
+
+var running = make(chan struct{}, maxRunning)
+
+// started counts the schedules Go started, for tests.
+var started atomic.Int64
+
+// Started returns how many release schedules Go has started in this
+// process, for tests that must see none (or some).
+func Started() int64 { return started.Load() }
+
+// Go runs Release in a goroutine of its own, unless maxRunning schedules
+// are running already; it reports whether it started one.
+func Go(ctx context.Context, release func(context.Context) error) bool {
+	select {
+	case running <- struct{}{}:
+	default:
+		return false
+	}
+	started.Add(1)
+	go func() {
+		defer func() { <-running }()
+		Release(ctx, release)
+	}()
+	return true
+}
+
 // Release calls release at each point of Schedule, each call with a
 // context of its own (ctx's values, not its end), and ignores their
 // errors: the claim may never have happened, and a store that is down
 // keeps the key until its lease ends whatever is done here. It returns
-// when the schedule is done; callers run it in a goroutine.
+// when the schedule is done; callers run it through Go.
 func Release(ctx context.Context, release func(context.Context) error) {
 	base := context.WithoutCancel(ctx)
 	start := time.Now()
