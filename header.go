@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/textproto"
 	"strings"
+
+	"github.com/idem-go/idem/internal/fieldtext"
 )
 
 // MarshalHeader encodes stored metadata canonically (a JSON object of
@@ -51,7 +53,7 @@ func checkHeader(h map[string][]string) error {
 			return fmt.Errorf("idem: stored header: name %q is not canonical (%q)", name, canonical)
 		}
 		for _, v := range values {
-			if strings.IndexFunc(v, isCTL) >= 0 {
+			if !fieldtext.Clean(v) {
 				return fmt.Errorf("idem: stored header %s: control character in value", name)
 			}
 		}
@@ -74,7 +76,3 @@ func validHeaderName(name string) bool {
 	}
 	return true
 }
-
-// isCTL reports a control character that may not appear in a field value
-// (horizontal tab is allowed).
-func isCTL(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }

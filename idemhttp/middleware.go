@@ -7,10 +7,10 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/fieldtext"
 )
 
 // Middleware protects handlers with idempotency keys. Build it with New;
@@ -339,19 +339,13 @@ func (m *Middleware) writeError(w http.ResponseWriter, r *http.Request, rec *rec
 // withoutCTL returns values with every control character but tab as a
 // space; values itself when there is none, which is the rule.
 func withoutCTL(values []string) []string {
-	isCTL := func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }
 	for i, v := range values {
-		if strings.IndexFunc(v, isCTL) < 0 {
+		if fieldtext.Clean(v) {
 			continue
 		}
 		clean := slices.Clone(values)
 		for j := i; j < len(clean); j++ {
-			clean[j] = strings.Map(func(r rune) rune {
-				if isCTL(r) {
-					return ' '
-				}
-				return r
-			}, clean[j])
+			clean[j] = fieldtext.Spaced(clean[j])
 		}
 		return clean
 	}

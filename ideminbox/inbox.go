@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/fieldtext"
 )
 
 // Defaults for Config.
@@ -353,9 +354,9 @@ func (in *Inbox) poison(ctx context.Context, op idem.Operation, msg Message, att
 			Mode:   idem.ModeResponse,
 			Status: statusPoison,
 			Header: map[string][]string{
-				headerError:   {headerText(cause.Error())},
+				headerError:   {fieldtext.Escape(cause.Error())},
 				headerAttempt: {strconv.Itoa(attempt)},
-				headerSubject: {headerText(msg.Subject)},
+				headerSubject: {fieldtext.Escape(msg.Subject)},
 			},
 			Body: msg.Data,
 		}, nil
@@ -411,28 +412,3 @@ const (
 	headerAttempt = "Ideminbox-Attempt"
 	headerSubject = "Ideminbox-Subject"
 )
-
-// headerText escapes the control characters of s (but tab), which a
-// stored header may not hold: an error joined with errors.Join holds a
-// newline, and a poison record holding one could be written but never
-// read back, so every copy of the message would be nacked.
-func headerText(s string) string {
-	isCTL := func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }
-	if strings.IndexFunc(s, isCTL) < 0 {
-		return s
-	}
-	var b strings.Builder
-	for _, r := range s {
-		switch {
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\r':
-			b.WriteString(`\r`)
-		case isCTL(r):
-			fmt.Fprintf(&b, `\x%02x`, r)
-		default:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
-}
