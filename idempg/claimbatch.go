@@ -334,10 +334,10 @@ func (b *claimBatcher) exec(batch []*claimWaiter) {
 // else claimBatchSQL. results[i] answers batch[i].
 func (b *claimBatcher) query(ctx context.Context, batch []*claimWaiter) ([]claimRow, error) {
 	// The connection first, so that a failure to get one is known to have
-	// sent nothing (notSent): no claim to release.
+	// sent nothing (lateclaim.NotSent): no claim to release.
 	conn, err := b.store.pool.Acquire(ctx)
 	if err != nil {
-		return nil, notSent{err}
+		return nil, lateclaim.NotSent{Err: err}
 	}
 	defer conn.Release()
 	n := len(batch)

@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/lateclaim"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -65,14 +66,5 @@ func checkIdentity(tenant, key string) error {
 // (see lateclaim), or the key stays held until the lease ends.
 func mayHaveRun(err error) bool {
 	var pgErr *pgconn.PgError
-	var ns notSent
-	return !pgconn.SafeToRetry(err) && !errors.As(err, &pgErr) && !errors.As(err, &ns)
+	return !pgconn.SafeToRetry(err) && !errors.As(err, &pgErr) && lateclaim.WasSent(err)
 }
-
-// notSent marks a claim error that came before anything was sent: no
-// connection could be had from the pool (the server down, the pool
-// exhausted until the caller gave up).
-type notSent struct{ err error }
-
-func (e notSent) Error() string { return e.err.Error() }
-func (e notSent) Unwrap() error { return e.err }

@@ -69,7 +69,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			return err
 		})
 		if err != nil {
-			if ns := (notSent{}); ctx.Err() != nil && !errors.As(err, &ns) {
+			if ctx.Err() != nil && lateclaim.WasSent(err) {
 				// The database may run the statement after all (it was
 				// cancelled after it was sent): release what it may
 				// claim, fenced by the token, so that no key stays in
@@ -103,19 +103,12 @@ func (s *Store) releaseQuietly(ctx context.Context, p idem.ClaimParams) {
 	})
 }
 
-// notSent marks a claim error that came before the statement was sent (no
-// connection could be had): there is no claim to release.
-type notSent struct{ err error }
-
-func (e notSent) Error() string { return e.err.Error() }
-func (e notSent) Unwrap() error { return e.err }
-
 func (s *Store) claimOnce(ctx context.Context, args []any) (bool, error) {
 	// The connection first, so that failing to get one is told apart from
 	// a statement cancelled once sent.
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return false, notSent{err}
+		return false, lateclaim.NotSent{Err: err}
 	}
 	defer conn.Close()
 	if s.d.claimReturns {

@@ -12,6 +12,7 @@ package lateclaim
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 )
@@ -73,4 +74,18 @@ func Release(ctx context.Context, release func(context.Context) error) {
 		_ = release(c)
 		cancel()
 	}
+}
+
+// NotSent marks a claim error that came before anything was sent (no
+// connection could be had): there is no claim to release.
+type NotSent struct{ Err error }
+
+func (e NotSent) Error() string { return e.Err.Error() }
+func (e NotSent) Unwrap() error { return e.Err }
+
+// WasSent reports whether err may come after the claim was sent, that is
+// whether it is not marked NotSent.
+func WasSent(err error) bool {
+	var ns NotSent
+	return !errors.As(err, &ns)
 }
