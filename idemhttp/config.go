@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
+	"strings"
 
 	"github.com/idem-go/idem"
 )
@@ -161,6 +163,10 @@ func (c *Config) validate() error {
 	if c.MaxResponseBody <= 0 {
 		c.MaxResponseBody = DefaultMaxResponseBody
 	}
+	// One byte past a limit tells "at it" from "over it": math.MaxInt64,
+	// a natural "no limit", must not overflow there.
+	c.MaxRequestBody = min(c.MaxRequestBody, math.MaxInt64-1)
+	c.MaxResponseBody = min(c.MaxResponseBody, math.MaxInt64-1)
 	switch c.Mode {
 	case idem.ModeResponse:
 	case idem.ModeReference, idem.ModeMarker:
@@ -171,6 +177,9 @@ func (c *Config) validate() error {
 		return fmt.Errorf("idemhttp: unknown storage mode %d", c.Mode)
 	}
 	for _, name := range c.ReplayHeaders {
+		if !validToken(name) {
+			return fmt.Errorf("idemhttp: ReplayHeaders: %q is not a header name", name)
+		}
 		if neverReplayed[http.CanonicalHeaderKey(name)] {
 			return fmt.Errorf("idemhttp: header %s can never be replayed", name)
 		}
@@ -179,4 +188,19 @@ func (c *Config) validate() error {
 		c.Logger = slog.Default()
 	}
 	return nil
+}
+
+// validToken reports whether name is an HTTP field name (an RFC 9110
+// token): what a store accepts in a stored header.
+func validToken(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"time"
@@ -238,8 +239,10 @@ func (e *execution) do(ctx context.Context) (idem.Result, error) {
 // transaction) for a retry to run again.
 func (m *Middleware) storedHeader(out map[string][]string, h http.Header) map[string][]string {
 	for k, v := range h {
-		if m.replay.has(k) {
-			out[k] = withoutCTL(v)
+		// Canonical, as stores keep names: a handler that wrote the map
+		// directly (h["ETag"]) is replayed too.
+		if ck := http.CanonicalHeaderKey(k); m.replay.has(ck) {
+			out[ck] = withoutCTL(v)
 		}
 	}
 	if len(out) == 0 {
@@ -267,7 +270,7 @@ func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *r
 			body.reset()
 			r.Body = body
 		}
-		m.config.ReplayFunc(w, r, res)
+		m.callReplayFunc(w, r, res)
 		return
 	}
 	h[HeaderReplayed] = replayedTrue
@@ -283,6 +286,50 @@ func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *r
 		w.Write(res.Body) //nolint:errcheck // the client is gone
 	}
 }
+
+// callReplayFunc runs Config.ReplayFunc, containing its panics: the key
+// is complete, so every retry would meet the same panic and a dropped
+// connection; they get 500 replay-failed instead, when nothing was sent
+// yet. http.ErrAbortHandler is raised again, as net/http means it.
+func (m *Middleware) callReplayFunc(w http.ResponseWriter, r *http.Request, res idem.Result) {
+	tw := &writeTracker{ResponseWriter: w}
+	defer func() {
+		v := recover()
+		if v == nil {
+			return
+		}
+		if v == http.ErrAbortHandler {
+			panic(v)
+		}
+		m.config.Logger.ErrorContext(r.Context(), "idemhttp: Config.ReplayFunc panicked",
+			slog.Any("panic", v), slog.String("stack", string(debug.Stack())))
+		if !tw.wrote {
+			writeProblem(w, problemReplayFailed)
+		}
+	}()
+	m.config.ReplayFunc(tw, r, res)
+}
+
+// writeTracker notes whether anything was written through it. Unwrap
+// keeps http.ResponseController working through it.
+type writeTracker struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (t *writeTracker) WriteHeader(code int) {
+	if code >= 200 {
+		t.wrote = true
+	}
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t *writeTracker) Write(p []byte) (int, error) {
+	t.wrote = true
+	return t.ResponseWriter.Write(p)
+}
+
+func (t *writeTracker) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
 // writeError answers a failed Engine.Do.
 func (m *Middleware) writeError(w http.ResponseWriter, r *http.Request, rec *recorder, op idem.Operation, err error) {
