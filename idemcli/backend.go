@@ -157,7 +157,7 @@ func (c *conn) useRedis(ctx context.Context, rawURL string, cfg *idemredis.Confi
 // parseRedisURL reads a --keys value.
 func parseRedisURL(rawURL string) (*redis.Options, error) {
 	if !strings.HasPrefix(rawURL, "redis://") && !strings.HasPrefix(rawURL, "rediss://") {
-		return nil, usagef("--keys %q: want redis://host:port/db or rediss://…", redactURL(rawURL, rawURL))
+		return nil, usagef("--keys %s: want redis://host:port/db or rediss://…", schemeOnly(rawURL))
 	}
 	opts, err := redis.ParseURL(rawURL)
 	if err != nil {

@@ -237,3 +237,31 @@ func TestRelativeSQLitePath(t *testing.T) {
 		t.Fatalf("the default database is not in the working directory: %v", err)
 	}
 }
+
+// A password in --db or --keys never reaches stderr or a log line, however
+// wrong the rest of the value is.
+func TestSecretsNeverPrinted(t *testing.T) {
+	const secret = "S3cretPW"
+	sqlite := "sqlite:" + filepath.Join(t.TempDir(), "s.db")
+	for _, args := range [][]string{
+		{"serve", "--db", "mariadb://root:" + secret + "@127.0.0.1:3306/test"},
+		{"serve", "--db", "POSTGRES://u:" + secret + "@127.0.0.1:5432/db"},
+		{"serve", "--db", sqlite, "--keys", "redis://u:" + secret + "%zz@127.0.0.1:6379/0"},
+		{"serve", "--db", sqlite, "--keys", "redis://u:" + secret + "@h:port/0"},
+		{"serve", "--db", sqlite, "--keys", "redis:/u:" + secret + "@h%zz/0"},
+		{"purge", "--db", "postgres://u@127.0.0.1:1/db?password=" + secret + "&connect_timeout=1"},
+		{"purge", "--db", "postgres://u:" + secret + "@127.0.0.1:1/db?connect_timeout=1"},
+		{"purge", "--db", "mysql://root:" + secret + "@127.0.0.1:1/test?timeout=1s"},
+		{"purge", "--db", "mysql://root:" + secret + "@127.0.0.1:3306/test?nosuchoption=1"},
+		{"inspect", "--key", "k", "--db", sqlite, "--keys", "redis://:" + secret + "@127.0.0.1:1/0"},
+	} {
+		code, out, errOut := run(args...)
+		if code == ExitOK || strings.Contains(out+errOut, secret) {
+			t.Errorf("idem %s: exit %d, output holds the password:\n%s%s", strings.Join(args, " "), code, out, errOut)
+		}
+	}
+	target := dbTarget{dialect: dialectPostgres, url: "postgres://postgres:" + secret + "@127.0.0.1:5432/test?sslpassword=" + secret}
+	if d := target.describe(); strings.Contains(d, secret) {
+		t.Errorf("describe() = %q", d)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
@@ -61,7 +62,18 @@ func parseDB(s string) (dbTarget, error) {
 		}
 		return dbTarget{dialect: dialectMySQL, dsn: dsn}, nil
 	}
-	return dbTarget{}, usagef("--db %q: unknown form; want sqlite:PATH, postgres://… or mysql://…", s)
+	// The value itself is not echoed: a mistyped scheme may come with a
+	// password.
+	return dbTarget{}, usagef("--db %s: unknown form; want sqlite:PATH, postgres://… or mysql://…", schemeOnly(s))
+}
+
+// schemeOnly names raw by its scheme alone ("mariadb://…"), for messages
+// about a value that may hold a password.
+func schemeOnly(raw string) string {
+	if i := strings.Index(raw, "://"); i > 0 && i <= 16 {
+		return strconv.Quote(raw[:i+3] + "…")
+	}
+	return "(not a URL)"
 }
 
 // mysqlDSN translates mysql://user:password@host:port/db?param=value into
@@ -105,16 +117,50 @@ func mysqlDSN(s string) (string, error) {
 	return parsed.FormatDSN(), nil
 }
 
-// redactURL hides the password of raw in msg, since errors end up in logs.
+// redactURL hides the secrets of raw in msg, since errors end up in logs:
+// the password of its user information and the values of its password
+// parameters, found by hand, so that a URL too malformed for net/url (whose
+// errors repeat it whole) is covered too.
 func redactURL(msg, raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return msg
-	}
-	if p, ok := u.User.Password(); ok && p != "" {
-		msg = strings.ReplaceAll(msg, p, "xxxxx")
+	for _, secret := range urlSecrets(raw) {
+		msg = strings.ReplaceAll(msg, secret, "xxxxx")
+		if unescaped, err := url.QueryUnescape(secret); err == nil && unescaped != "" {
+			msg = strings.ReplaceAll(msg, unescaped, "xxxxx")
+		}
 	}
 	return msg
+}
+
+// urlSecrets returns the secrets raw carries: scheme://user:SECRET@host…
+// and ?password=SECRET (or sslpassword, passwd, pass).
+func urlSecrets(raw string) []string {
+	var out []string
+	rest := raw
+	if i := strings.Index(rest, "://"); i >= 0 {
+		rest = rest[i+3:]
+	}
+	authority := rest
+	if i := strings.IndexAny(authority, "/?#"); i >= 0 {
+		authority = authority[:i]
+	}
+	if at := strings.LastIndex(authority, "@"); at >= 0 {
+		if _, pw, ok := strings.Cut(authority[:at], ":"); ok && pw != "" {
+			out = append(out, pw)
+		}
+	}
+	if _, query, ok := strings.Cut(raw, "?"); ok {
+		query, _, _ = strings.Cut(query, "#")
+		for _, part := range strings.Split(query, "&") {
+			name, value, _ := strings.Cut(part, "=")
+			switch strings.ToLower(name) {
+			case "password", "sslpassword", "passwd", "pass":
+				if value != "" {
+					out = append(out, value)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // describe names the target in logs without its password.
@@ -124,7 +170,7 @@ func (t dbTarget) describe() string {
 		return "sqlite:" + t.path
 	case dialectPostgres:
 		if u, err := url.Parse(t.url); err == nil {
-			return u.Redacted()
+			return redactURL(u.Redacted(), t.url)
 		}
 		return "postgres"
 	case dialectMySQL:
