@@ -85,6 +85,8 @@ func TestBadInput(t *testing.T) {
 		{[]string{"nope"}, ExitUsage, `unknown command "nope"`},
 		{[]string{"serve", "--lease", "abc"}, ExitUsage, "--lease"},
 		{[]string{"serve", "--lease", "-1s", "--db", db}, ExitUsage, "--lease must be positive"},
+		{[]string{"serve", "--lease", "1ms", "--db", db}, ExitUsage, "--lease must be at least 10ms"},
+		{[]string{"serve", "--purge-interval", "1ns", "--db", db}, ExitUsage, "--purge-interval must be 0 (off) or at least 10ms"},
 		{[]string{"serve", "--retention", "0s", "--db", db}, ExitUsage, "--retention must be positive"},
 		{[]string{"serve", "--handler-delay", "-1s", "--db", db}, ExitUsage, "--handler-delay"},
 		{[]string{"serve", "--no-such-flag"}, ExitUsage, "no-such-flag"},

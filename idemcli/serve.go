@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -20,11 +21,13 @@ import (
 const (
 	DefaultAddr          = "127.0.0.1:3000"
 	DefaultPurgeInterval = time.Minute
-	// shutdownGrace bounds how long a shutdown waits for requests in
-	// progress (plus --handler-delay); past it their contexts are cancelled,
-	// so their transactions roll back and their keys are released.
-	shutdownGrace = 10 * time.Second
 )
+
+// shutdownGrace bounds how long a shutdown waits for requests in progress
+// (plus --handler-delay); past it their contexts are cancelled, so their
+// transactions roll back and their keys are released. A variable for the
+// test of that path.
+var shutdownGrace = 10 * time.Second
 
 // ServeOpts are the options of Serve.
 type ServeOpts struct {
@@ -96,16 +99,26 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return (&Serve{CommandBase{Stdout: stdout, Logger: logger}}).Run(ctx, &opts)
 }
 
+// minInterval is the shortest --lease and --purge-interval: shorter ones
+// turn the heartbeat or the janitor into a loop against the database.
+const minInterval = 10 * time.Millisecond
+
 func (o *ServeOpts) check() error {
 	switch {
 	case o.Lease <= 0:
 		return usagef("--lease must be positive, got %s", o.Lease)
+	case o.Lease < minInterval:
+		// The heartbeat extends a running request's lease every third of
+		// it: a round trip to the database per millisecond or so.
+		return usagef("--lease must be at least %s, got %s", minInterval, o.Lease)
 	case o.Retention <= 0:
 		return usagef("--retention must be positive, got %s", o.Retention)
 	case o.HandlerDelay < 0:
 		return usagef("--handler-delay must not be negative, got %s", o.HandlerDelay)
 	case o.PurgeInterval < 0:
 		return usagef("--purge-interval must not be negative, got %s", o.PurgeInterval)
+	case o.PurgeInterval > 0 && o.PurgeInterval < minInterval:
+		return usagef("--purge-interval must be 0 (off) or at least %s, got %s", minInterval, o.PurgeInterval)
 	}
 	if o.Keys != "" {
 		if _, err := parseRedisURL(o.Keys); err != nil {
@@ -194,8 +207,18 @@ func buildServer(ctx context.Context, c *conn, opts *ServeOpts, logger *slog.Log
 	}, nil
 }
 
+// forcedStopWait bounds the wait for cancelled handlers to roll back and
+// release their keys (the engine's own release timeout is 5s).
+const forcedStopWait = 10 * time.Second
+
+// errForcedStop is Run's error when requests outlived the grace period and
+// were cancelled: their clients got no answer (their retries run them
+// again), so the stop was not clean.
+var errForcedStop = errors.New("requests still running after the grace period were cancelled (their keys released for retries)")
+
 // Run serves until ctx ends, then stops accepting connections and waits
-// for the requests in progress. It returns nil after a clean shutdown.
+// for the requests in progress. It returns nil after a clean shutdown, and
+// an error when requests had to be cancelled.
 func (c *Serve) Run(ctx context.Context, opts *ServeOpts) error {
 	logger := c.logger()
 	s, err := newServer(ctx, opts, logger)
@@ -209,8 +232,17 @@ func (c *Serve) Run(ctx context.Context, opts *ServeOpts) error {
 	if err != nil {
 		return err
 	}
+	// Counts the handlers running, so that a forced stop can wait for
+	// them to roll back and release their keys before the connections to
+	// the database close under them.
+	var running sync.WaitGroup
+	handler := s.handler
 	srv := &http.Server{
-		Handler:           s.handler,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			running.Add(1)
+			defer running.Done()
+			handler.ServeHTTP(w, r)
+		}),
 		ReadHeaderTimeout: 10 * time.Second, // a client that never finishes its headers holds nothing
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
@@ -254,9 +286,19 @@ func (c *Serve) Run(ctx context.Context, opts *ServeOpts) error {
 	err = srv.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		// Cancel what still runs: the engine rolls it back and releases
-		// its keys, so retries run it again elsewhere.
+		// its keys, so retries run it again elsewhere. Close does not wait
+		// for the handlers; they must finish before the database handle
+		// closes, or the releases fail and the keys stay locked for a
+		// whole lease.
 		logger.Warn("requests still running after the grace period; cancelling them")
-		err = srv.Close()
+		err = errors.Join(errForcedStop, srv.Close())
+		finished := make(chan struct{})
+		go func() { running.Wait(); close(finished) }()
+		select {
+		case <-finished:
+		case <-time.After(forcedStopWait):
+			logger.Error("handlers still running after their cancellation; their keys stay locked until their leases end")
+		}
 	}
 	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
 		err = errors.Join(err, serr)
