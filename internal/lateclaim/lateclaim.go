@@ -4,7 +4,7 @@
 // it was sent may still run on the server, and commit, after the error has
 // reached the caller: the key is then held under a token nobody will run
 // or complete, until the lease ends (90s by default), and the client's
-// retries get 409 all that time. The stores and the engine therefore
+// retries get 409 all that time. The SQL stores and idemredis therefore
 // release such a claim, fenced by its token, which is harmless when it was
 // never made. One release right away can come before the late statement
 // itself, so the release is repeated over a few seconds.
