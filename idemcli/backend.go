@@ -36,8 +36,13 @@ type openOptions struct {
 	mustExist bool
 }
 
-// openDB connects to target and checks that the server answers.
-func openDB(ctx context.Context, target dbTarget, o openOptions) (*conn, error) {
+// openDB connects to the database a --db value names and checks that the
+// server answers.
+func openDB(ctx context.Context, db string, o openOptions) (*conn, error) {
+	target, err := parseDB(db)
+	if err != nil {
+		return nil, err
+	}
 	c := &conn{target: target}
 	switch target.dialect {
 	case dialectSQLite:

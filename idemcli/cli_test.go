@@ -178,11 +178,7 @@ func TestPurgeCommand(t *testing.T) {
 			if code, _, errOut := run("migrate", "--db", db); code != ExitOK {
 				t.Fatalf("migrate: %s", errOut)
 			}
-			target, err := parseDB(db)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cn, err := openDB(context.Background(), target, openOptions{})
+			cn, err := openDB(context.Background(), db, openOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}

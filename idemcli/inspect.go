@@ -87,11 +87,6 @@ func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 	if err := idem.ValidateKey(opts.Key); err != nil {
 		return usagef("--key: %v", err)
 	}
-	if opts.Keys != "" {
-		if _, err := parseRedisURL(opts.Keys); err != nil {
-			return err
-		}
-	}
 	var store idem.Store
 	if opts.Keys != "" {
 		cn := &conn{}
@@ -102,11 +97,7 @@ func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 		}
 		store = rs
 	} else {
-		target, err := parseDB(opts.DB)
-		if err != nil {
-			return err
-		}
-		cn, err := openDB(ctx, target, openOptions{mustExist: true})
+		cn, err := openDB(ctx, opts.DB, openOptions{mustExist: true})
 		if err != nil {
 			return err
 		}

@@ -81,11 +81,7 @@ func TestInspectCommand(t *testing.T) {
 				if code, _, errOut := run("migrate", "--db", db); code != ExitOK {
 					t.Fatalf("migrate: %s", errOut)
 				}
-				target, err := parseDB(db)
-				if err != nil {
-					t.Fatal(err)
-				}
-				cn, err := openDB(ctx, target, openOptions{})
+				cn, err := openDB(ctx, db, openOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -51,12 +51,8 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 // Run applies (or lists) the pending migrations of opts.DB.
 func (c *Migrate) Run(ctx context.Context, opts *MigrateOpts) error {
-	target, err := parseDB(opts.DB)
-	if err != nil {
-		return err
-	}
 	// A dry run must not create the SQLite file it looks at.
-	cn, err := openDB(ctx, target, openOptions{mustExist: opts.DryRun})
+	cn, err := openDB(ctx, opts.DB, openOptions{mustExist: opts.DryRun})
 	if err != nil {
 		return err
 	}

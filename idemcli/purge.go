@@ -54,11 +54,7 @@ func (c *Purge) Run(ctx context.Context, opts *PurgeOpts) error {
 	if opts.Batch <= 0 {
 		return usagef("--batch must be positive, got %d", opts.Batch)
 	}
-	target, err := parseDB(opts.DB)
-	if err != nil {
-		return err
-	}
-	cn, err := openDB(ctx, target, openOptions{mustExist: true})
+	cn, err := openDB(ctx, opts.DB, openOptions{mustExist: true})
 	if err != nil {
 		return err
 	}

@@ -145,11 +145,7 @@ func newServer(ctx context.Context, opts *ServeOpts, logger *slog.Logger) (*serv
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
-	target, err := parseDB(opts.DB)
-	if err != nil {
-		return nil, err
-	}
-	c, err := openDB(ctx, target, openOptions{})
+	c, err := openDB(ctx, opts.DB, openOptions{})
 	if err != nil {
 		return nil, err
 	}

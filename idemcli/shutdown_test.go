@@ -84,11 +84,7 @@ func TestForcedStopReleasesKeys(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	target, err := parseDB(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cn, err := openDB(context.Background(), target, openOptions{})
+	cn, err := openDB(context.Background(), db, openOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

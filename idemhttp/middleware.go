@@ -239,11 +239,14 @@ func (e *execution) do(ctx context.Context) (idem.Result, error) {
 // transaction) for a retry to run again.
 func (m *Middleware) storedHeader(out map[string][]string, h http.Header) map[string][]string {
 	for k, v := range h {
-		// Canonical, as stores keep names: a handler that wrote the map
-		// directly (h["ETag"]) is replayed too.
-		if ck := http.CanonicalHeaderKey(k); m.replay.has(ck) {
-			out[ck] = withoutCTL(v)
+		if !m.replay.has(k) {
+			// A handler that wrote the map directly (h["ETag"]) is
+			// replayed too, under the canonical name stores keep.
+			if k = http.CanonicalHeaderKey(k); !m.replay.has(k) {
+				continue
+			}
 		}
+		out[k] = withoutCTL(v)
 	}
 	if len(out) == 0 {
 		return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/lateclaim"
 )
 
 // claimSQL claims (tenant, key) in one statement, and when the claim is
@@ -113,7 +114,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		conn.Release()
 		if err != nil {
 			if mayHaveRun(err) {
-				s.releaseLate(ctx, p)
+				lateclaim.Go(ctx, s, p)
 			}
 			return idem.ClaimResult{}, interpretError(err)
 		}

@@ -292,7 +292,7 @@ func (b *claimBatcher) exec(batch []*claimWaiter) {
 		// Followers claimed nothing of their own.
 		if mayHaveRun(err) {
 			for _, w := range batch {
-				b.store.releaseLate(w.ctx, w.p)
+				lateclaim.Go(w.ctx, b.store, w.p)
 			}
 		}
 		return
@@ -394,13 +394,4 @@ func (b *claimBatcher) deliver(w *claimWaiter, o claimOutcome) {
 			_ = b.store.Release(ctx, idem.ReleaseParams{Tenant: w.p.Tenant, Key: w.p.Key, Token: w.p.Token})
 		}()
 	}
-}
-
-// releaseLate releases, in the background, p's claim, which its caller
-// was told failed, the way lateclaim.Release says: repeated over a few
-// seconds, since the claim's own statement may still be running.
-func (s *Store) releaseLate(ctx context.Context, p idem.ClaimParams) {
-	lateclaim.Go(ctx, func(ctx context.Context) error {
-		return s.Release(ctx, idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token})
-	})
 }

@@ -100,9 +100,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			// The script may run, or have run, after all: release what
 			// it may claim, fenced by the token, so that the key does not
 			// stay in flight for a caller told the claim failed.
-			lateclaim.Go(ctx, func(ctx context.Context) error {
-				return s.Release(ctx, idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token})
-			})
+			lateclaim.Go(ctx, s, p)
 		}
 		return idem.ClaimResult{}, fmt.Errorf("idemredis: claim: %w", err)
 	}

@@ -75,7 +75,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 				// claim, fenced by the token, so that no key stays in
 				// flight for a caller told the claim failed. Harmless
 				// when nothing was claimed.
-				s.releaseQuietly(ctx, p)
+				lateclaim.Go(ctx, s, p)
 			}
 			return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: %w", err)
 		}
@@ -92,15 +92,6 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		return idem.ClaimResult{Record: rec}, nil
 	}
 	return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: the record vanished %d times between claim and read", claimAttempts)
-}
-
-// releaseQuietly releases p's claim, which its caller was told failed,
-// the way lateclaim.Release says: repeated over a few seconds, since the
-// claim's own statement may still be running.
-func (s *Store) releaseQuietly(ctx context.Context, p idem.ClaimParams) {
-	lateclaim.Go(ctx, func(ctx context.Context) error {
-		return s.Release(ctx, idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token})
-	})
 }
 
 func (s *Store) claimOnce(ctx context.Context, args []any) (bool, error) {

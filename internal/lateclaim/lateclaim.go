@@ -15,6 +15,8 @@ import (
 	"errors"
 	"sync/atomic"
 	"time"
+
+	"github.com/idem-go/idem"
 )
 
 // Schedule is when each release is sent, counted from the failure.
@@ -42,9 +44,14 @@ var started atomic.Int64
 // process, for tests that must see none (or some).
 func Started() int64 { return started.Load() }
 
+// Releaser is the part of idem.Store that Release uses.
+type Releaser interface {
+	Release(ctx context.Context, p idem.ReleaseParams) error
+}
+
 // Go runs Release in a goroutine of its own, unless maxRunning schedules
 // are running already; it reports whether it started one.
-func Go(ctx context.Context, release func(context.Context) error) bool {
+func Go(ctx context.Context, store Releaser, p idem.ClaimParams) bool {
 	select {
 	case running <- struct{}{}:
 	default:
@@ -53,17 +60,18 @@ func Go(ctx context.Context, release func(context.Context) error) bool {
 	started.Add(1)
 	go func() {
 		defer func() { <-running }()
-		Release(ctx, release)
+		Release(ctx, store, p)
 	}()
 	return true
 }
 
-// Release calls release at each point of Schedule, each call with a
-// context of its own (ctx's values, not its end), and ignores their
-// errors: the claim may never have happened, and a store that is down
+// Release releases p's claim from store, fenced by its token, at each
+// point of Schedule, each call with a context of its own (ctx's values,
+// not its end), and ignores the errors: the claim may never have happened, and a store that is down
 // keeps the key until its lease ends whatever is done here. It returns
 // when the schedule is done; callers run it through Go.
-func Release(ctx context.Context, release func(context.Context) error) {
+func Release(ctx context.Context, store Releaser, p idem.ClaimParams) {
+	rp := idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token}
 	base := context.WithoutCancel(ctx)
 	start := time.Now()
 	for _, at := range Schedule {
@@ -71,7 +79,7 @@ func Release(ctx context.Context, release func(context.Context) error) {
 			time.Sleep(d)
 		}
 		c, cancel := context.WithTimeout(base, attemptTimeout)
-		_ = release(c)
+		_ = store.Release(c, rp)
 		cancel()
 	}
 }
