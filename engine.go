@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,13 +42,15 @@ type Config struct {
 	// in flight (HTTP Retry-After). Defaults to 1s.
 	RetryAfter time.Duration
 
-	// ReleaseTimeout bounds the clean-up calls (release of a failed
-	// execution) that run after the caller's context has ended. Defaults to
-	// 5s.
-	ReleaseTimeout time.Duration
+	// CleanupTimeout bounds the store calls made after the caller's
+	// context has ended: the release of a failed execution, and, on a
+	// store without transactions, the completion of a handler whose caller
+	// went away. Defaults to 5s.
+	CleanupTimeout time.Duration
 
 	// Logger receives the engine's warnings (heartbeat failures, release
-	// failures). Defaults to slog.Default().
+	// failures, work rolled back after the handler ran). Defaults to
+	// slog.Default().
 	Logger *slog.Logger
 }
 
@@ -68,8 +71,8 @@ func (c *Config) withDefaults() Config {
 	if out.RetryAfter <= 0 {
 		out.RetryAfter = DefaultRetryAfter
 	}
-	if out.ReleaseTimeout <= 0 {
-		out.ReleaseTimeout = 5 * time.Second
+	if out.CleanupTimeout <= 0 {
+		out.CleanupTimeout = 5 * time.Second
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -81,11 +84,17 @@ func (c *Config) withDefaults() Config {
 // run, complete. It knows nothing of HTTP: idemhttp, ideminbox and other
 // front ends translate their protocol into Operation and Result.
 //
-// An Engine is safe for concurrent use.
+// An Engine is safe for concurrent use. Close it once no execution runs.
 type Engine struct {
 	store  Store
+	info   StoreInfo
 	config Config
 	keeper *keeper // nil when the heartbeat is off
+	late   *lateReleases
+
+	running atomic.Int64  // executions inside Do
+	closed  atomic.Bool   // Close was called
+	idle    chan struct{} // signalled when running drops to zero after Close
 }
 
 // NewEngine returns an engine over store. A nil config means every default.
@@ -93,7 +102,13 @@ func NewEngine(store Store, config *Config) (*Engine, error) {
 	if store == nil {
 		return nil, errors.New("idem: NewEngine needs a Store")
 	}
-	e := &Engine{store: store, config: config.withDefaults()}
+	e := &Engine{
+		store:  store,
+		info:   store.Info(),
+		config: config.withDefaults(),
+		late:   newLateReleases(store),
+		idle:   make(chan struct{}, 1),
+	}
 	if e.config.Heartbeat >= e.config.Lease {
 		// The lease would end before its first extension: every handler
 		// slower than the lease would lose its key, the very thing the
@@ -112,6 +127,54 @@ func (e *Engine) Store() Store { return e.store }
 
 // Config returns the engine's configuration with defaults filled in.
 func (e *Engine) Config() Config { return e.config }
+
+// Close stops the engine: Do refuses new executions with ErrClosed, Close
+// waits for the running ones to return, then stops the heartbeat and
+// sends at once the releases still scheduled for failed claims, and waits
+// for them. It returns ctx's error if ctx ends first; the engine is then
+// closed all the same, and what was still running goes on unwatched (the
+// leases of running executions are no longer extended).
+//
+// Call it after the servers and consumers that use the engine have
+// stopped (http.Server.Shutdown first). Close is safe to call more than
+// once.
+func (e *Engine) Close(ctx context.Context) error {
+	e.closed.Store(true)
+	var err error
+	for err == nil && e.running.Load() > 0 {
+		select {
+		case <-e.idle:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	if e.keeper != nil {
+		e.keeper.close()
+	}
+	if lerr := e.late.close(ctx); err == nil {
+		err = lerr
+	}
+	return err
+}
+
+// enter counts an execution in, and refuses it once the engine is closed.
+func (e *Engine) enter() bool {
+	e.running.Add(1)
+	if e.closed.Load() {
+		e.exit()
+		return false
+	}
+	return true
+}
+
+func (e *Engine) exit() {
+	if e.running.Add(-1) == 0 && e.closed.Load() {
+		select {
+		case e.idle <- struct{}{}:
+		default:
+		}
+	}
+}
 
 // Operation names one operation a caller means to do once.
 type Operation struct {
@@ -134,6 +197,10 @@ type Outcome struct {
 	// Replayed is true when Result comes from an earlier execution and the
 	// function did not run.
 	Replayed bool
+	// NotStored is true when the function marked its answer with
+	// NotExecuted: Result is its answer, to be sent, but nothing was
+	// stored and the key was released.
+	NotStored bool
 }
 
 // Do runs fn at most once for op. It claims the key, and:
@@ -143,20 +210,31 @@ type Outcome struct {
 //   - if it completed or is in flight with another fingerprint, returns
 //     ErrFingerprintMismatch;
 //   - if another execution holds a valid lease, returns ErrInFlight;
-//   - otherwise runs fn with a context carrying the store's transaction
-//     (idemsql.Tx(ctx), idempg.Tx(ctx)) and completes the record inside
-//     that same transaction, fenced by the lease token.
+//   - otherwise runs fn with a context carrying the execution
+//     (ExecutionFromContext) and the store's transaction
+//     (idemsql.TxFromContext, idempg.TxFromContext), and completes the
+//     record inside that same transaction, fenced by the lease token.
 //
-// When fn returns an error, panics (the panic comes back as *PanicError),
-// or ctx ends while it runs, the transaction is rolled back and the key
-// released, so a retry runs again. When the lease was lost to a takeover,
-// the completion is refused, everything is rolled back, and Do returns
-// ErrLeaseLost. Store failures come back as *StoreError; when the claim
-// fails, fn does not run.
+// When fn returns an error, panics (the panic comes back as *PanicError)
+// or ends its goroutine (runtime.Goexit), the transaction is rolled back
+// and the key released, so a retry runs again. When ctx ends while fn
+// runs, the same happens on a transactional store; on a store without
+// transactions, where fn's effects cannot be undone, the answer fn
+// returned is completed on a context of its own, and the key is never
+// released for it: if fn returned no answer, or the completion fails, the
+// key stays in flight until its lease ends. The same holds for a panic or
+// a Goexit there. When the lease was lost to a takeover, the completion
+// is refused, everything is rolled back, and Do returns ErrLeaseLost.
+// Store failures come back as *StoreError; when the claim fails, fn does
+// not run. After Close, Do returns ErrClosed.
 func (e *Engine) Do(ctx context.Context, op Operation, fn func(ctx context.Context) (Result, error)) (Outcome, error) {
 	if err := ValidateKey(op.Key); err != nil {
 		return Outcome{}, err
 	}
+	if !e.enter() {
+		return Outcome{}, ErrClosed
+	}
+	defer e.exit()
 	token := newToken()
 	claim, err := e.store.Claim(ctx, ClaimParams{
 		Tenant:      op.Tenant,
@@ -169,6 +247,9 @@ func (e *Engine) Do(ctx context.Context, op Operation, fn func(ctx context.Conte
 		Retention: max(e.config.Retention, e.config.Lease),
 	})
 	if err != nil {
+		if !errors.Is(err, ErrNotApplied) {
+			e.late.start(ctx, ReleaseParams{Tenant: op.Tenant, Key: op.Key, Token: token})
+		}
 		return Outcome{}, storeError("claim", err)
 	}
 	if !claim.Won {
@@ -191,79 +272,203 @@ func decide(rec *Record, fingerprint []byte) (Outcome, error) {
 	return Outcome{}, ErrInFlight
 }
 
+// execution is one run of fn under a won claim.
+type execution struct {
+	e     *Engine
+	ctx   context.Context // the caller's
+	op    Operation
+	token int64
+	unit  UnitOfWork
+	rc    *runCtx
+	held  *lease // nil when the heartbeat is off
+}
+
 func (e *Engine) run(ctx context.Context, op Operation, token int64, fn func(ctx context.Context) (Result, error)) (Outcome, error) {
-	tx, err := e.store.Begin(ctx)
+	unit, err := e.store.Begin(ctx)
 	if err != nil {
 		e.release(ctx, op, token)
 		return Outcome{}, storeError("begin", err)
 	}
-	// Through a closure, so that the second unit of work RollbackWrites
-	// opens below is ended too. Skipped after a successful Complete, which
-	// has ended the unit of work already (and the detached context would
-	// cost an allocation on every request for nothing); errors are
-	// reported by Complete.
-	completed := false
+	x := &execution{e: e, ctx: ctx, op: op, token: token, unit: unit}
+	x.rc = newRunCtx(unit.Context(ctx))
+	x.rc.exec.info = Execution{Tenant: op.Tenant, Key: op.Key, LeaseToken: token, Store: e.info.Name}
+	if e.keeper != nil {
+		x.held = e.keeper.add(op, token, e.config.Lease, x.rc)
+	}
+
+	// fn returns, panics (recovered by callHandler) or ends its goroutine
+	// with runtime.Goexit, which no recover sees: only this deferred call
+	// runs then, and it must not leave the key held and kept alive by the
+	// heartbeat for as long as the engine lives.
+	returned := false
 	defer func() {
-		if !completed {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+		if !returned {
+			x.stopLease()
+			x.abandon(errGoexit)
 		}
 	}()
+	res, err := callHandler(x.rc, fn)
+	returned = true
+	return x.finish(res, err)
+}
 
-	runCtx := tx.Context(ctx)
-	var held *lease
-	if e.keeper != nil {
-		lc := newLeaseCtx(runCtx)
-		defer lc.end()
-		runCtx = lc
-		held = e.keeper.add(op, token, e.config.Lease, lc)
-	}
+// errGoexit stands for the handler's runtime.Goexit in logs.
+var errGoexit = errors.New("idem: the handler's goroutine exited (runtime.Goexit)")
 
-	res, err := callHandler(runCtx, fn)
-	leaseLost := held != nil && e.keeper.remove(held)
-	if err == nil {
-		err = ctx.Err()
+// stopLease takes the lease off the heartbeat, ends the handler's context,
+// and reports whether the heartbeat found the lease lost.
+func (x *execution) stopLease() (lost bool) {
+	x.rc.end()
+	if x.held == nil {
+		return false
 	}
-	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		if leaseLost {
-			// The handler saw its context end because the heartbeat found
-			// the lease taken over: report that, not the cancellation.
-			return Outcome{}, ErrLeaseLost
-		}
-		e.release(ctx, op, token)
+	lost = x.e.keeper.remove(x.held)
+	x.held = nil
+	return lost
+}
+
+// finish decides what becomes of an execution whose function returned or
+// panicked.
+func (x *execution) finish(res Result, err error) (Outcome, error) {
+	e := x.e
+	lost := x.stopLease()
+	var panicked *PanicError
+	switch {
+	case lost:
+		// The heartbeat found the lease taken over, and cancelled the
+		// handler's context: report that. The key belongs to another
+		// execution now, so there is nothing to release.
+		x.rollback("lease lost", ErrLeaseLost)
+		return Outcome{}, ErrLeaseLost
+	case errors.As(err, &panicked):
+		x.abandon(err)
+		return Outcome{}, err
+	case err == nil && x.rc.exec.notExecuted.Load():
+		// The function says it did nothing: keep nothing, free the key.
+		x.rollback("", nil)
+		e.release(x.ctx, x.op, x.token)
+		return Outcome{Result: res, NotStored: true}, nil
+	case x.ctx.Err() != nil:
+		return x.cancelled(res, err)
+	case err != nil:
+		// The function failed and says so: nothing of it is to be kept.
+		x.rollback("the handler failed", err)
+		e.release(x.ctx, x.op, x.token)
 		return Outcome{}, err
 	}
+	return x.complete(x.ctx, res)
+}
 
-	complete := CompleteParams{Tenant: op.Tenant, Key: op.Key, Token: token, Result: res}
-	complete.Result.RollbackWrites = false
-	if res.RollbackWrites {
+// cancelled ends an execution whose caller's context ended while the
+// function ran.
+func (x *execution) cancelled(res Result, err error) (Outcome, error) {
+	e := x.e
+	cause := x.ctx.Err()
+	if e.info.Transactional {
+		x.rollback("the caller's context ended", cause)
+		e.release(x.ctx, x.op, x.token)
+		if err == nil {
+			err = cause
+		}
+		return Outcome{}, err
+	}
+	// Nothing can be undone: the function's effects stand, so its answer
+	// must be what every retry gets.
+	if err != nil {
+		x.keepInFlight("the caller's context ended and the handler returned no answer", err)
+		return Outcome{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), e.config.CleanupTimeout)
+	defer cancel()
+	out, cerr := x.complete(ctx, res)
+	if cerr != nil {
+		return out, cerr
+	}
+	// The answer is stored; the caller is gone, and gets it on its retry.
+	return out, cause
+}
+
+// complete stores res and commits the unit of work.
+func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
+	e := x.e
+	if x.rc.exec.rollbackWrites.Load() && e.info.Transactional {
 		// Store the answer without the business writes: roll them back and
 		// complete in a unit of work of its own.
-		if err := tx.Rollback(ctx); err != nil {
-			e.release(ctx, op, token)
+		if err := x.unit.Rollback(ctx); err != nil {
+			e.release(x.ctx, x.op, x.token)
 			return Outcome{}, storeError("rollback", err)
 		}
-		// A failed Begin returns no Tx: keep the ended one for the
-		// deferred Rollback, which is harmless on it.
 		next, err := e.store.Begin(ctx)
 		if err != nil {
-			e.release(ctx, op, token)
+			e.release(x.ctx, x.op, x.token)
 			return Outcome{}, storeError("begin", err)
 		}
-		tx = next
+		x.unit = next
 	}
-	if err := tx.Complete(ctx, complete); err != nil {
-		if errors.Is(err, ErrLeaseLost) {
-			return Outcome{}, ErrLeaseLost
-		}
-		// The commit may or may not have happened (a connection lost
-		// mid-commit). Release is fenced on the in-flight state and the
-		// token, so it deletes nothing if the completion did commit.
-		e.release(ctx, op, token)
+	err := x.unit.Complete(ctx, CompleteParams{Tenant: x.op.Tenant, Key: x.op.Key, Token: x.token, Result: res})
+	if err == nil {
+		return Outcome{Result: res}, nil
+	}
+	_ = x.unit.Rollback(context.WithoutCancel(ctx))
+	if errors.Is(err, ErrLeaseLost) {
+		e.warnRolledBack(x.ctx, x.op, "lease lost at completion", err)
+		return Outcome{}, ErrLeaseLost
+	}
+	if !e.info.Transactional {
+		// The completion may have been refused (a full Redis) while the
+		// effects stand: releasing would run them again on the retry.
+		x.keepInFlight("the completion failed", err)
 		return Outcome{}, storeError("complete", err)
 	}
-	completed = true
-	return Outcome{Result: complete.Result}, nil
+	// The commit may or may not have happened (a connection lost
+	// mid-commit). Release is fenced on the in-flight state and the
+	// token, so it deletes nothing if the completion did commit.
+	e.warnRolledBack(x.ctx, x.op, "the completion failed", err)
+	e.release(x.ctx, x.op, x.token)
+	return Outcome{}, storeError("complete", err)
+}
+
+// abandon ends an execution whose function panicked or ended its
+// goroutine: rolled back and released on a transactional store; on
+// another, its effects may stand, so the key stays in flight until the
+// lease ends.
+func (x *execution) abandon(cause error) {
+	if !x.e.info.Transactional {
+		_ = x.unit.Rollback(context.WithoutCancel(x.ctx))
+		x.keepInFlight("the handler did not return", cause)
+		return
+	}
+	x.rollback("the handler did not return", cause)
+	x.e.release(x.ctx, x.op, x.token)
+}
+
+// rollback abandons the unit of work, and says so when the handler ran
+// and its writes were undone for a reason other than its own choice.
+func (x *execution) rollback(reason string, cause error) {
+	_ = x.unit.Rollback(context.WithoutCancel(x.ctx))
+	if reason != "" {
+		x.e.warnRolledBack(x.ctx, x.op, reason, cause)
+	}
+}
+
+// keepInFlight leaves the key held, unextended, until its lease ends, for
+// an execution on a store without transactions whose effects may stand.
+func (x *execution) keepInFlight(reason string, cause error) {
+	e := x.e
+	e.config.Logger.WarnContext(x.ctx, "idem: the key stays in flight until its lease ends, since the handler's effects cannot be undone and a retry would repeat them",
+		slog.String("reason", reason), slog.String("store", e.info.Name),
+		slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key),
+		slog.Duration("lease", e.config.Lease), slog.Any("error", cause))
+}
+
+// warnRolledBack logs that a handler ran and its work was rolled back.
+func (e *Engine) warnRolledBack(ctx context.Context, op Operation, reason string, cause error) {
+	if !e.info.Transactional {
+		return
+	}
+	e.config.Logger.WarnContext(ctx, "idem: the handler ran and its writes were rolled back; effects it made outside the store's transaction stand",
+		slog.String("reason", reason), slog.String("store", e.info.Name),
+		slog.String("tenant", op.Tenant), slog.String("key", op.Key), slog.Any("error", cause))
 }
 
 func callHandler(ctx context.Context, fn func(ctx context.Context) (Result, error)) (res Result, err error) {
@@ -276,9 +481,9 @@ func callHandler(ctx context.Context, fn func(ctx context.Context) (Result, erro
 }
 
 // release gives the key back after a failed execution. It runs even when
-// ctx has ended (that is often why it runs), bounded by ReleaseTimeout.
+// ctx has ended (that is often why it runs), bounded by CleanupTimeout.
 func (e *Engine) release(ctx context.Context, op Operation, token int64) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.config.ReleaseTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.config.CleanupTimeout)
 	defer cancel()
 	if err := e.store.Release(ctx, ReleaseParams{Tenant: op.Tenant, Key: op.Key, Token: token}); err != nil {
 		// The record stays in flight until its lease ends, then a retry

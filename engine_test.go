@@ -287,7 +287,7 @@ func TestNewEngine(t *testing.T) {
 	c := newEngine(t, idemmem.New(nil), nil).Config()
 	if c.Lease != idem.DefaultLease || c.Retention != idem.DefaultRetention ||
 		c.Heartbeat != idem.DefaultLease/3 || c.RetryAfter != idem.DefaultRetryAfter ||
-		c.ReleaseTimeout <= 0 || c.Logger == nil {
+		c.CleanupTimeout <= 0 || c.Logger == nil {
 		t.Errorf("default config = %+v", c)
 	}
 }
@@ -303,7 +303,13 @@ type trackingStore struct {
 	open           atomic.Int32
 }
 
-func (s *trackingStore) Begin(ctx context.Context) (idem.Tx, error) {
+// Info claims a transactional store, so that Do takes the paths that
+// roll back and begin again.
+func (s *trackingStore) Info() idem.StoreInfo {
+	return idem.StoreInfo{Name: "tracking", Transactional: true}
+}
+
+func (s *trackingStore) Begin(ctx context.Context) (idem.UnitOfWork, error) {
 	if s.begun.Add(1) > 1 && s.failLaterBegin != nil {
 		return nil, s.failLaterBegin // as the SQL stores do: no Tx at all
 	}
@@ -312,11 +318,11 @@ func (s *trackingStore) Begin(ctx context.Context) (idem.Tx, error) {
 		return nil, err
 	}
 	s.open.Add(1)
-	return &trackingTx{Tx: tx, s: s}, nil
+	return &trackingTx{UnitOfWork: tx, s: s}, nil
 }
 
 type trackingTx struct {
-	idem.Tx
+	idem.UnitOfWork
 	s    *trackingStore
 	done atomic.Bool
 }
@@ -331,7 +337,7 @@ func (t *trackingTx) Complete(ctx context.Context, p idem.CompleteParams) error 
 	if t.s.failComplete != nil {
 		return t.s.failComplete
 	}
-	err := t.Tx.Complete(ctx, p)
+	err := t.UnitOfWork.Complete(ctx, p)
 	if err == nil {
 		t.end()
 	}
@@ -340,7 +346,7 @@ func (t *trackingTx) Complete(ctx context.Context, p idem.CompleteParams) error 
 
 func (t *trackingTx) Rollback(ctx context.Context) error {
 	t.end()
-	return t.Tx.Rollback(ctx)
+	return t.UnitOfWork.Rollback(ctx)
 }
 
 // Every unit of work Do opens is ended, whatever path Do takes: a
@@ -372,8 +378,11 @@ func TestDoEndsEveryTx(t *testing.T) {
 						t.Fatalf("Do panicked: %v", v)
 					}
 				}()
-				_, err = e.Do(context.Background(), idem.Operation{Key: "k"}, func(context.Context) (idem.Result, error) {
-					return idem.Result{Status: 500, RollbackWrites: tc.rollback}, tc.fnErr
+				_, err = e.Do(context.Background(), idem.Operation{Key: "k"}, func(ctx context.Context) (idem.Result, error) {
+					if tc.rollback {
+						idem.RollbackWrites(ctx)
+					}
+					return idem.Result{Status: 500}, tc.fnErr
 				})
 			}()
 			if (tc.fail != nil || tc.failBegin != nil) && !errors.Is(err, idem.ErrStore) {

@@ -30,13 +30,36 @@ var (
 	// ErrStore is wrapped by every *StoreError, so that
 	// errors.Is(err, ErrStore) tells a store failure from a handler error.
 	ErrStore = errors.New("idem: store unavailable")
+
+	// ErrNotApplied is wrapped by a store's error when the store knows the
+	// operation did not take effect: it was never sent (no connection), or
+	// the server refused it. A failed claim without it may still take
+	// effect later, so the engine releases it (see Store.Claim).
+	ErrNotApplied = errors.New("idem: the operation did not take effect")
+
+	// ErrClosed is returned by Engine.Do once Engine.Close was called.
+	ErrClosed = errors.New("idem: the engine is closed")
 )
+
+// NotApplied wraps err so that errors.Is(err, ErrNotApplied) is true: a
+// store returns it when it knows its operation did not take effect.
+func NotApplied(err error) error {
+	if err == nil || errors.Is(err, ErrNotApplied) {
+		return err
+	}
+	return &notAppliedError{err}
+}
+
+type notAppliedError struct{ err error }
+
+func (e *notAppliedError) Error() string   { return e.err.Error() }
+func (e *notAppliedError) Unwrap() []error { return []error{e.err, ErrNotApplied} }
 
 // StoreError reports a store that failed or could not be reached. The
 // engine fails closed on it: when the claim fails the handler does not run
 // (HTTP 503).
 type StoreError struct {
-	Op  string // the engine step: "claim", "begin", "complete", "release", "extend"
+	Op  string // the engine step: "claim", "begin", "rollback", "complete", "release", "extend"
 	Err error
 }
 

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"weak"
 )
 
 // keeper extends the leases of every running handler of one engine. One
@@ -26,6 +25,9 @@ type keeper struct {
 	leases  leaseList
 	ticks   int64 // ticks of the loop so far: the keeper's cheap clock
 	running bool
+	closed  bool          // Engine.Close stopped the keeper
+	stop    chan struct{} // closed by Engine.Close
+	loops   sync.WaitGroup
 }
 
 // leaseList is an intrusive doubly linked list: adding and removing a
@@ -62,7 +64,7 @@ func (ll *leaseList) remove(l *lease) {
 // lease is one running handler's claim as the keeper sees it.
 type lease struct {
 	params ExtendParams
-	ctx    *leaseCtx
+	ctx    *runCtx
 
 	// Guarded by keeper.mu.
 	prev, next *lease
@@ -73,7 +75,7 @@ type lease struct {
 }
 
 func newKeeper(store Store, interval time.Duration, logger *slog.Logger) *keeper {
-	return &keeper{store: store, interval: interval, logger: logger}
+	return &keeper{store: store, interval: interval, logger: logger, stop: make(chan struct{})}
 }
 
 // ticksPerBeat is how many ticks make one heartbeat interval.
@@ -98,7 +100,7 @@ func (l *lease) free() {
 }
 
 // add starts keeping the lease of (op, token) alive.
-func (k *keeper) add(op Operation, token int64, duration time.Duration, ctx *leaseCtx) *lease {
+func (k *keeper) add(op Operation, token int64, duration time.Duration, ctx *runCtx) *lease {
 	l := leases.Get().(*lease)
 	l.params = ExtendParams{Tenant: op.Tenant, Key: op.Key, Token: token, Lease: duration}
 	l.ctx = ctx
@@ -108,9 +110,10 @@ func (k *keeper) add(op Operation, token int64, duration time.Duration, ctx *lea
 	// almost over, so count from the next one.
 	l.due = k.ticks + 1 + ticksPerBeat
 	k.leases.push(l)
-	if !k.running {
+	if !k.running && !k.closed {
 		k.running = true
-		go loop(weak.Make(k), k.tick())
+		k.loops.Add(1)
+		go k.loop(k.tick())
 	}
 	k.mu.Unlock()
 	return l
@@ -134,23 +137,35 @@ func (k *keeper) remove(l *lease) (lost bool) {
 
 // loop runs while there are leases to keep. It lingers one interval after
 // the last one left, so that a steady trickle of short requests does not
-// start a goroutine each.
-//
-// Between ticks it holds the keeper only weakly: a lingering loop must not
-// keep an engine's store alive (with every record in it) once the program
-// has dropped the engine, and it ends at the next tick when it has. No
-// lease can be lost that way: a running handler holds the engine, and so
-// the keeper, until it has removed its lease.
-func loop(wk weak.Pointer[keeper], tick time.Duration) {
+// start a goroutine each, and ends at once when the engine is closed.
+func (k *keeper) loop(tick time.Duration) {
+	defer k.loops.Done()
 	ticker := time.NewTicker(tick)
 	defer ticker.Stop()
 	idleTicks := 0
-	for range ticker.C {
-		k := wk.Value()
-		if k == nil || !k.beat(&idleTicks) {
+	for {
+		select {
+		case <-k.stop:
+			return
+		case <-ticker.C:
+		}
+		if !k.beat(&idleTicks) {
 			return
 		}
 	}
+}
+
+// close stops the loop and waits for it. Leases still held are no longer
+// extended: Engine.Close documents that it is called once no execution
+// runs.
+func (k *keeper) close() {
+	k.mu.Lock()
+	if !k.closed {
+		k.closed = true
+		close(k.stop)
+	}
+	k.mu.Unlock()
+	k.loops.Wait()
 }
 
 // beat is one tick of the loop: it starts the extensions that are due and
@@ -159,6 +174,10 @@ func (k *keeper) beat(idleTicks *int) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.ticks++
+	if k.closed {
+		k.running = false
+		return false
+	}
 	if k.leases.n == 0 {
 		if *idleTicks++; *idleTicks > ticksPerBeat {
 			k.running = false
@@ -172,6 +191,7 @@ func (k *keeper) beat(idleTicks *int) bool {
 			continue
 		}
 		l.extending = true
+		k.loops.Add(1)
 		go k.extend(l)
 	}
 	return true
@@ -180,6 +200,7 @@ func (k *keeper) beat(idleTicks *int) bool {
 // extend runs one Extend call for l, outside the keeper's lock so that a
 // slow store delays no other lease.
 func (k *keeper) extend(l *lease) {
+	defer k.loops.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), k.interval)
 	err := k.store.Extend(ctx, l.params)
 	cancel()
@@ -206,8 +227,8 @@ func (k *keeper) extend(l *lease) {
 	}
 }
 
-// leaseCtx is the context a handler runs under while the keeper holds its
-// lease. It behaves as context.WithCancelCause(parent) would, cancelled
+// runCtx is the context a handler runs under. It carries the execution's
+// state (ExecutionFromContext, NotExecuted, RollbackWrites) and behaves as context.WithCancelCause(parent) would, cancelled
 // with cause ErrLeaseLost when the lease is lost and without cause (that
 // is, context.Canceled) once the handler has returned, but it creates
 // that context only when something needs it: a call of Done (a database
@@ -220,12 +241,14 @@ func (k *keeper) extend(l *lease) {
 // Until then Err and Value are the parent's, which is what the cancelCtx
 // would answer: it is cancelled only through its parent, with the
 // parent's error and cause.
-type leaseCtx struct {
+type runCtx struct {
 	parent context.Context
 	inner  atomic.Pointer[cancelCause] // nil until needed
 	ended  atomic.Bool                 // the handler returned; set under mu
 
 	mu sync.Mutex // serializes the creation of inner with ended
+
+	exec execState // answered for execKey, before anything else
 }
 
 // cancelCause is a context made by context.WithCancelCause, with its
@@ -235,11 +258,11 @@ type cancelCause struct {
 	cancel context.CancelCauseFunc
 }
 
-func newLeaseCtx(parent context.Context) *leaseCtx { return &leaseCtx{parent: parent} }
+func newRunCtx(parent context.Context) *runCtx { return &runCtx{parent: parent} }
 
 // need returns the cancellable context, creating it when it does not
 // exist yet: cancelled at once when the handler has already returned.
-func (c *leaseCtx) need() *cancelCause {
+func (c *runCtx) need() *cancelCause {
 	if in := c.inner.Load(); in != nil {
 		return in
 	}
@@ -259,7 +282,7 @@ func (c *leaseCtx) need() *cancelCause {
 
 // current returns the cancellable context when it exists or must: once
 // the handler has returned, every answer is the cancelled one.
-func (c *leaseCtx) current() *cancelCause {
+func (c *runCtx) current() *cancelCause {
 	if in := c.inner.Load(); in != nil {
 		return in
 	}
@@ -270,12 +293,12 @@ func (c *leaseCtx) current() *cancelCause {
 }
 
 // lose cancels the handler's context with cause.
-func (c *leaseCtx) lose(cause error) { c.need().cancel(cause) }
+func (c *runCtx) lose(cause error) { c.need().cancel(cause) }
 
 // end cancels the context when the handler has returned, as the cancel
 // function of context.WithCancelCause would; when it was never created,
 // it only marks it cancelled, for a goroutine that outlives the handler.
-func (c *leaseCtx) end() {
+func (c *runCtx) end() {
 	c.mu.Lock()
 	c.ended.Store(true)
 	in := c.inner.Load()
@@ -286,23 +309,26 @@ func (c *leaseCtx) end() {
 }
 
 // Deadline implements context.Context.
-func (c *leaseCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+func (c *runCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }
 
 // Done implements context.Context.
-func (c *leaseCtx) Done() <-chan struct{} { return c.need().ctx.Done() }
+func (c *runCtx) Done() <-chan struct{} { return c.need().ctx.Done() }
 
 // Err implements context.Context.
-func (c *leaseCtx) Err() error {
+func (c *runCtx) Err() error {
 	if in := c.current(); in != nil {
 		return in.ctx.Err()
 	}
 	return c.parent.Err()
 }
 
-// Value implements context.Context. Once the cancellable context exists
-// it answers, so that context.Cause and the contexts derived from this one
-// find it.
-func (c *leaseCtx) Value(key any) any {
+// Value implements context.Context. The execution's state answers first;
+// then, once the cancellable context exists, it answers, so that
+// context.Cause and the contexts derived from this one find it.
+func (c *runCtx) Value(key any) any {
+	if _, ok := key.(execKey); ok {
+		return &c.exec
+	}
 	if in := c.current(); in != nil {
 		return in.ctx.Value(key)
 	}
@@ -310,7 +336,7 @@ func (c *leaseCtx) Value(key any) any {
 }
 
 // String names the context as context.WithCancelCause's does.
-func (c *leaseCtx) String() string {
+func (c *runCtx) String() string {
 	if s, ok := c.parent.(interface{ String() string }); ok {
 		return s.String() + ".WithCancel"
 	}

@@ -68,12 +68,6 @@ type Result struct {
 	Body []byte
 	// Reference is the id of the created resource (ModeReference only).
 	Reference string
-
-	// RollbackWrites, set by the function given to Engine.Do, rolls back
-	// the business writes made in the store's transaction but still stores
-	// this result, so that retries get the same answer without the effect
-	// being kept. idemhttp sets it for 5xx answers. It is never stored.
-	RollbackWrites bool
 }
 
 // Record is the stored row for one (tenant, key).

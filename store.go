@@ -29,18 +29,20 @@ type Store interface {
 	// Winning writes an in-flight record holding ClaimParams.Token until
 	// now+Lease. A lost claim returns the existing record.
 	//
-	// A claim that returns an error must not leave the key held: where
-	// the operation may still run after the error (a statement cancelled
-	// after it was sent), the store releases it, fenced by Token, as the
-	// SQL stores and idemredis do: at once and again over a few seconds,
-	// since the late operation may come after the first release. An
-	// operation that was never sent (no connection) needs nothing.
+	// A claim that fails may still take effect: a statement cancelled
+	// after it was sent can run on the server later. The engine therefore
+	// releases the key, fenced by Token, after every failed claim, at
+	// once and again over a few seconds, unless the error wraps
+	// ErrNotApplied: a store wraps it when it knows the claim did not take
+	// effect (it was never sent, or the server refused it).
 	Claim(ctx context.Context, p ClaimParams) (ClaimResult, error)
 
 	// Begin opens the unit of work in which the handler's business writes
 	// and the completion commit together. Stores without transactions
-	// return a Tx that only completes.
-	Begin(ctx context.Context) (Tx, error)
+	// return a UnitOfWork that only completes. A store may take its
+	// connection, and begin its transaction, lazily: at the handler's
+	// first use, or at Complete when the handler never used it.
+	Begin(ctx context.Context) (UnitOfWork, error)
 
 	// Extend moves the end of a held lease to now+Lease (the heartbeat),
 	// and the end of retention to at least the end of the lease. It returns ErrLeaseLost when the record is no longer in flight under
@@ -60,24 +62,50 @@ type Store interface {
 	// which hold no live lease, and returns how many it deleted. It works
 	// in a bounded batch so that claims are never blocked behind it.
 	Purge(ctx context.Context, p PurgeParams) (int, error)
+
+	// Info describes the store: its name and whether its unit of work can
+	// roll back. It is constant for the store's life.
+	Info() StoreInfo
 }
 
-// Tx is one unit of work: the handler's business writes and the completion
-// of the record. For SQL stores it is a database transaction.
+// StoreInfo describes a Store.
+type StoreInfo struct {
+	// Name names the backend for logs and metrics: "postgresql", "mysql",
+	// "sqlite", "redis", "memory", or a third-party store's own.
+	Name string
+
+	// Transactional is true when the unit of work is a database
+	// transaction that the handler's business writes join, so that rolling
+	// it back undoes them. It is false for stores that keep only the
+	// records (idemredis, idemmem): a handler's effects there are made
+	// elsewhere, and once the handler ran, the engine never releases its
+	// key because of a cancellation or a failed completion, since a retry
+	// would do those effects a second time.
+	Transactional bool
+}
+
+// UnitOfWork is one unit of work: the handler's business writes and the
+// completion of the record. For SQL stores it is a database transaction.
 //
-// Rollback after Complete is harmless, so `defer tx.Rollback(ctx)` is
+// Rollback after Complete is harmless, so `defer unit.Rollback(ctx)` is
 // always right. The engine itself calls Rollback only when the handler
 // failed or Complete was not reached or failed: a successful Complete must
 // leave nothing behind that only a Rollback would free.
-type Tx interface {
+type UnitOfWork interface {
 	// Context returns a child of ctx through which the handler reaches the
-	// store's transaction (for example idemsql.Tx(ctx) or idempg.Tx(ctx)).
+	// store's transaction (for example idemsql.TxFromContext(ctx) or
+	// idempg.TxFromContext(ctx)).
 	Context(ctx context.Context) context.Context
 
 	// Complete stores the result, fenced by the lease token, and commits
 	// the unit of work. If the record is no longer in flight under the
 	// token it returns ErrLeaseLost and everything, the business writes
-	// included, is rolled back.
+	// included, is rolled back. When the business writes can no longer
+	// commit (the handler rolled its transaction back, or a failed
+	// statement aborted it), Complete stores the result alone, fenced the
+	// same way; when the database ended the transaction behind the
+	// handler's back (a deadlock, an implicit commit), it stores nothing
+	// and returns an error.
 	Complete(ctx context.Context, p CompleteParams) error
 
 	// Rollback abandons the unit of work. The record stays in flight.

@@ -114,7 +114,7 @@ type Config struct {
 	// ReleaseOn5xx releases the key when the handler answers 5xx, so that a
 	// retry runs again; the 5xx itself is sent but not stored. Defaults to
 	// false: the 5xx is stored and replayed, its business writes rolled
-	// back (idem.Result.RollbackWrites), as Stripe does; a handler that
+	// back (idem.RollbackWrites), as Stripe does; a handler that
 	// failed in a way a retry may fix should then answer 503 through a
 	// middleware in front, or set this.
 	ReleaseOn5xx bool

@@ -52,7 +52,7 @@
 // stops early.
 //
 // A 5xx answer is stored and replayed, as Stripe does, but its business
-// writes are rolled back (idem.Result.RollbackWrites). With
+// writes are rolled back (idem.RollbackWrites). With
 // Config.ReleaseOn5xx the key is released instead and a retry runs again.
 //
 // # Buffering and streaming

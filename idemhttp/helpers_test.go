@@ -161,6 +161,14 @@ func wantEcho(t *testing.T, w *httptest.ResponseRecorder, key string) {
 }
 
 // wantAbsent checks that the store holds no record for (tenant, key).
+func (e *env) wantState(t *testing.T, tenant, key string, want idem.State) {
+	t.Helper()
+	rec, err := e.store.Get(t.Context(), tenant, key)
+	if err != nil || rec.State != want {
+		t.Fatalf("record for %q/%q: %+v, %v; want %s", tenant, key, rec, err, want)
+	}
+}
+
 func (e *env) wantAbsent(t *testing.T, tenant, key string) {
 	t.Helper()
 	if rec, err := e.store.Get(t.Context(), tenant, key); err == nil {

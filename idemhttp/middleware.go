@@ -208,7 +208,11 @@ func (e *execution) do(ctx context.Context) (idem.Result, error) {
 	if status >= 500 && e.m.config.ReleaseOn5xx {
 		return idem.Result{}, errReleased5xx
 	}
-	res := idem.Result{Mode: idem.ModeResponse, Status: status, RollbackWrites: status >= 500}
+	if status >= 500 {
+		// Stored and replayed, as Stripe does, but without its writes.
+		idem.RollbackWrites(ctx)
+	}
+	res := idem.Result{Mode: idem.ModeResponse, Status: status}
 	switch {
 	case status >= 400:
 		// Errors are stored whole in every mode: there is no resource to

@@ -47,7 +47,7 @@ type DeadLetterFunc func(ctx context.Context, msg Message, cause error) error
 // and one of Engine or Store means its documented default.
 type Config struct {
 	// Engine supplies the store and the lease settings (Lease, Heartbeat,
-	// ReleaseTimeout, Logger). The inbox runs its own engine over the same
+	// CleanupTimeout, Logger). The inbox runs its own engine over the same
 	// store with Retention below in place of the engine's, because
 	// consumer keys must outlive broker redelivery windows, which are far
 	// longer than an HTTP client's retries. Set Engine or Store, not both.

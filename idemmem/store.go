@@ -103,6 +103,9 @@ func (e *entry) sameFingerprint(fingerprint []byte) bool {
 
 var _ idem.Store = (*Store)(nil)
 
+// Info implements idem.Store: "memory", without transactions.
+func (s *Store) Info() idem.StoreInfo { return idem.StoreInfo{Name: "memory"} }
+
 // New returns an empty store. A nil config means the defaults.
 func New(config *Config) *Store {
 	s := &Store{now: time.Now, seed: maphash.MakeSeed()}
@@ -209,7 +212,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 }
 
 // Begin implements idem.Store. The returned Tx only completes.
-func (s *Store) Begin(ctx context.Context) (idem.Tx, error) {
+func (s *Store) Begin(ctx context.Context) (idem.UnitOfWork, error) {
 	return tx{s}, ctx.Err()
 }
 

@@ -99,7 +99,7 @@ func eagerBegin(s *Store) idem.Store { return eagerBeginStore{s} }
 // eagerBeginStore begins the transaction in Begin, with a round trip.
 type eagerBeginStore struct{ *Store }
 
-func (s eagerBeginStore) Begin(ctx context.Context) (idem.Tx, error) {
+func (s eagerBeginStore) Begin(ctx context.Context) (idem.UnitOfWork, error) {
 	tx, err := s.Store.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -114,7 +114,7 @@ func (s eagerBeginStore) Begin(ctx context.Context) (idem.Tx, error) {
 // twoTripStore completes with an UPDATE round trip, then a COMMIT one.
 type twoTripStore struct{ *Store }
 
-func (s twoTripStore) Begin(ctx context.Context) (idem.Tx, error) {
+func (s twoTripStore) Begin(ctx context.Context) (idem.UnitOfWork, error) {
 	tx, err := s.Store.Begin(ctx)
 	if err != nil {
 		return nil, err

@@ -5,7 +5,6 @@ import (
 	"errors"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/lateclaim"
 )
 
 // claimSQL claims (tenant, key) in one statement, and when the claim is
@@ -89,7 +88,7 @@ var errClaimRace = errors.New("idempg: claim kept losing to concurrent changes i
 // claims made at the same time share one statement (claimBatchSQL).
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	if err := checkIdentity(p.Tenant, p.Key); err != nil {
-		return idem.ClaimResult{}, err
+		return idem.ClaimResult{}, idem.NotApplied(err)
 	}
 	fingerprint := p.Fingerprint
 	if len(fingerprint) == 0 {
@@ -107,16 +106,13 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		dest := append([]any{&won}, r.dest()...)
 		conn, err := s.pool.Acquire(ctx)
 		if err != nil {
-			return idem.ClaimResult{}, err // nothing sent: nothing to release
+			return idem.ClaimResult{}, idem.NotApplied(err) // nothing sent
 		}
 		err = conn.QueryRow(ctx, s.claimQuery, p.Tenant, p.Key, fingerprint, p.Token,
 			micros(p.Lease), micros(p.Retention)).Scan(dest...)
 		conn.Release()
 		if err != nil {
-			if mayHaveRun(err) {
-				lateclaim.Go(ctx, s, p)
-			}
-			return idem.ClaimResult{}, interpretError(err)
+			return idem.ClaimResult{}, claimError(err)
 		}
 		if won {
 			return idem.ClaimResult{Won: true}, nil

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/lateclaim"
 )
 
 // claimBatchSQL is claimSQL for many claims at once: the same three steps
@@ -280,21 +279,17 @@ func (b *claimBatcher) exec(batch []*claimWaiter) {
 	b.statements.Add(1)
 	results, err := b.query(ctx, batch)
 	if err != nil {
-		err = interpretError(err)
+		err = claimError(err)
 		for _, w := range batch {
 			b.deliver(w, claimOutcome{err: err})
 			for _, f := range w.followers {
 				b.deliver(f, claimOutcome{err: err})
 			}
 		}
-		// Every claim the statement may have won is released, so that no
-		// key stays in flight for a caller that was told it failed.
-		// Followers claimed nothing of their own.
-		if mayHaveRun(err) {
-			for _, w := range batch {
-				lateclaim.Go(w.ctx, b.store, w.p)
-			}
-		}
+		// Unless marked idem.ErrNotApplied, the engine of every waiter
+		// releases the claim the statement may have won, fenced by its
+		// token. Followers claimed nothing of their own, and their
+		// releases are harmless.
 		return
 	}
 	var again []*claimWaiter
@@ -334,10 +329,10 @@ func (b *claimBatcher) exec(batch []*claimWaiter) {
 // else claimBatchSQL. results[i] answers batch[i].
 func (b *claimBatcher) query(ctx context.Context, batch []*claimWaiter) ([]claimRow, error) {
 	// The connection first, so that a failure to get one is known to have
-	// sent nothing (lateclaim.NotSent): no claim to release.
+	// sent nothing (idem.ErrNotApplied): no claim to release.
 	conn, err := b.store.pool.Acquire(ctx)
 	if err != nil {
-		return nil, lateclaim.NotSent{Err: err}
+		return nil, idem.NotApplied(err)
 	}
 	defer conn.Release()
 	n := len(batch)

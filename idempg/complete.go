@@ -54,7 +54,7 @@ func completeValues(p idem.CompleteParams) ([][]byte, error) {
 	}, nil
 }
 
-// Complete implements idem.Tx. It stores the result and commits in ONE
+// Complete implements idem.UnitOfWork. It stores the result and commits in ONE
 // round trip: a pipeline of [idem_complete, COMMIT, Sync], which the
 // server answers in one write, after the commit.
 //

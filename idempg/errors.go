@@ -7,7 +7,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/lateclaim"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -58,13 +57,18 @@ func checkIdentity(tenant, key string) error {
 	return nil
 }
 
-// mayHaveRun reports whether a claim statement that failed with err may
-// nevertheless run, and commit, on the server: it was sent (pgconn cannot
-// say it was not), and the server did not answer it with an error of its
-// own (which aborts the statement). That is a statement cancelled, or
-// whose connection was lost, in flight. Its claim must then be released
-// (see lateclaim), or the key stays held until the lease ends.
-func mayHaveRun(err error) bool {
+// claimError interprets the error of a claim statement, marked
+// idem.ErrNotApplied unless the claim may nevertheless run, and commit,
+// on the server: when it was sent (pgconn cannot say it was not) and the
+// server did not answer it with an error of its own (which aborts the
+// statement). That is a statement cancelled, or whose connection was
+// lost, in flight; the engine then releases the key, fenced by the token.
+func claimError(err error) error {
 	var pgErr *pgconn.PgError
-	return !pgconn.SafeToRetry(err) && !errors.As(err, &pgErr) && lateclaim.WasSent(err)
+	mayHaveRun := !pgconn.SafeToRetry(err) && !errors.As(err, &pgErr) && !errors.Is(err, idem.ErrNotApplied)
+	err = interpretError(err)
+	if !mayHaveRun {
+		err = idem.NotApplied(err)
+	}
+	return err
 }

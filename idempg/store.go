@@ -56,6 +56,11 @@ const DefaultClaimConcurrency = 1
 
 var _ idem.Store = (*Store)(nil)
 
+// Info implements idem.Store: "postgresql", transactional.
+func (s *Store) Info() idem.StoreInfo {
+	return idem.StoreInfo{Name: "postgresql", Transactional: true}
+}
+
 // New returns a store over pool. The tables and the idem_complete function
 // must exist: run Migrate (or the files of idemmigrate) first. The store
 // finds them through the connections' search_path, so one database may

@@ -31,7 +31,7 @@ func Tx(ctx context.Context) pgx.Tx {
 // work. The BEGIN itself is not sent yet: it travels in front of the
 // handler's first query (see "BEGIN rides with the first query" in the
 // package documentation).
-func (s *Store) Begin(ctx context.Context) (idem.Tx, error) {
+func (s *Store) Begin(ctx context.Context) (idem.UnitOfWork, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -58,12 +58,12 @@ type unit struct {
 	done atomic.Bool
 }
 
-// Context implements idem.Tx.
+// Context implements idem.UnitOfWork.
 func (u *unit) Context(ctx context.Context) context.Context {
 	return context.WithValue(ctx, txKey{}, &handlerTx{u: u})
 }
 
-// Rollback implements idem.Tx. It is harmless after Complete.
+// Rollback implements idem.UnitOfWork. It is harmless after Complete.
 func (u *unit) Rollback(ctx context.Context) error {
 	if !u.done.CompareAndSwap(false, true) {
 		return nil

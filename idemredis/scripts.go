@@ -27,7 +27,7 @@ import "github.com/redis/go-redis/v9"
 // per execution), and reports the claim won. A resent Complete finds the
 // record complete under its token with its own completion id, a random
 // number drawn for each Complete call, and reports success; a second
-// Complete call (another id) gets ErrLeaseLost, as idem.Tx requires.
+// Complete call (another id) gets ErrLeaseLost, as idem.UnitOfWork requires.
 //
 // Record fields: tenant, key, fingerprint, state, token, locked_until,
 // created_at, expires_at, and once complete: completed_at, mode, status,

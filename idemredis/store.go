@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/lateclaim"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -46,6 +45,9 @@ type Store struct {
 }
 
 var _ idem.Store = (*Store)(nil)
+
+// Info implements idem.Store: "redis", without transactions.
+func (s *Store) Info() idem.StoreInfo { return idem.StoreInfo{Name: "redis"} }
 
 // New returns a store over client: a single server, a Sentinel failover
 // client or a Cluster client. A nil config means every default.
@@ -96,13 +98,13 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		p.Tenant, p.Key, p.Fingerprint, strconv.FormatInt(p.Token, 10),
 		p.Lease.Microseconds(), p.Retention.Microseconds()).Slice()
 	if err != nil {
-		if mayHaveRun(ctx, err) {
-			// The script may run, or have run, after all: release what
-			// it may claim, fenced by the token, so that the key does not
-			// stay in flight for a caller told the claim failed.
-			lateclaim.Go(ctx, s, p)
+		err = fmt.Errorf("idemredis: claim: %w", err)
+		if !mayHaveRun(ctx, err) {
+			// Otherwise the script may run, or have run, after all: the
+			// engine releases what it may claim, fenced by the token.
+			err = idem.NotApplied(err)
 		}
-		return idem.ClaimResult{}, fmt.Errorf("idemredis: claim: %w", err)
+		return idem.ClaimResult{}, err
 	}
 	if len(reply) == 0 {
 		return idem.ClaimResult{}, errors.New("idemredis: claim: empty reply")
@@ -170,7 +172,7 @@ func (s *Store) Purge(ctx context.Context, p idem.PurgeParams) (int, error) {
 
 // Begin implements idem.Store. Redis cannot join the handler's business
 // transaction: the Tx only completes (see the package documentation).
-func (s *Store) Begin(ctx context.Context) (idem.Tx, error) {
+func (s *Store) Begin(ctx context.Context) (idem.UnitOfWork, error) {
 	return tx{s}, ctx.Err()
 }
 

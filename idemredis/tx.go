@@ -21,7 +21,7 @@ type tx struct{ s *Store }
 func (t tx) Context(ctx context.Context) context.Context { return ctx }
 
 // Rollback does nothing: there is nothing to roll back, and the record
-// stays in flight, as idem.Tx requires.
+// stays in flight, as idem.UnitOfWork requires.
 func (t tx) Rollback(ctx context.Context) error { return nil }
 
 // Complete stores the result in one Lua script, fenced by the token: it

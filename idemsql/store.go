@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/lateclaim"
 )
 
 // defaultPurgeLimit is the batch of Purge when PurgeParams.Limit is zero.
@@ -28,6 +27,16 @@ type Store struct {
 }
 
 var _ idem.Store = (*Store)(nil)
+
+// Info implements idem.Store: the dialect ("postgresql", "mysql" or
+// "sqlite"), transactional.
+func (s *Store) Info() idem.StoreInfo {
+	name := s.d.name
+	if name == "postgres" {
+		name = "postgresql"
+	}
+	return idem.StoreInfo{Name: name, Transactional: true}
+}
 
 // New returns a Store on db, which speaks dialect. It panics on the zero
 // Dialect, a programming error.
@@ -52,7 +61,7 @@ func (s *Store) Dialect() Dialect { return Dialect{s.d} }
 // it lost, by one read of the record that holds the key.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	if s.d.maxTenant > 0 && len(p.Tenant) > s.d.maxTenant {
-		return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: the tenant is %d bytes long, the %s table holds %d", len(p.Tenant), s.d.name, s.d.maxTenant)
+		return idem.ClaimResult{}, idem.NotApplied(fmt.Errorf("idemsql: claim: the tenant is %d bytes long, the %s table holds %d", len(p.Tenant), s.d.name, s.d.maxTenant))
 	}
 	args := s.d.claim.args(map[string]any{
 		"tenant":      p.Tenant,
@@ -69,15 +78,14 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			return err
 		})
 		if err != nil {
-			if ctx.Err() != nil && lateclaim.WasSent(err) {
-				// The database may run the statement after all (it was
-				// cancelled after it was sent): release what it may
-				// claim, fenced by the token, so that no key stays in
-				// flight for a caller told the claim failed. Harmless
-				// when nothing was claimed.
-				lateclaim.Go(ctx, s, p)
+			err = fmt.Errorf("idemsql: claim: %w", err)
+			if ctx.Err() == nil {
+				// Otherwise the database may run the statement after all
+				// (it was cancelled after it was sent): the engine then
+				// releases what it may claim, fenced by the token.
+				err = idem.NotApplied(err)
 			}
-			return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: %w", err)
+			return idem.ClaimResult{}, err
 		}
 		if won {
 			return idem.ClaimResult{Won: true}, nil
@@ -99,7 +107,7 @@ func (s *Store) claimOnce(ctx context.Context, args []any) (bool, error) {
 	// a statement cancelled once sent.
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return false, lateclaim.NotSent{Err: err}
+		return false, idem.NotApplied(err)
 	}
 	defer conn.Close()
 	if s.d.claimReturns {
@@ -120,7 +128,7 @@ func (s *Store) claimOnce(ctx context.Context, args []any) (bool, error) {
 
 // Begin implements idem.Store: it opens a database transaction, which the
 // handler reaches through Tx(ctx). With OpenSQLite it begins IMMEDIATE.
-func (s *Store) Begin(ctx context.Context) (idem.Tx, error) {
+func (s *Store) Begin(ctx context.Context) (idem.UnitOfWork, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("idemsql: begin: %w", err)

@@ -68,18 +68,18 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p idem.CompleteParam
 	return fenced(res)
 }
 
-// unitOfWork is the idem.Tx of a Store: one database transaction.
+// unitOfWork is the idem.UnitOfWork of a Store: one database transaction.
 type unitOfWork struct {
 	s  *Store
 	tx *sql.Tx
 }
 
-// Context implements idem.Tx.
+// Context implements idem.UnitOfWork.
 func (u *unitOfWork) Context(ctx context.Context) context.Context {
 	return context.WithValue(ctx, txKey{}, u.tx)
 }
 
-// Complete implements idem.Tx: CompleteTx, then commit, or roll back on
+// Complete implements idem.UnitOfWork: CompleteTx, then commit, or roll back on
 // any failure.
 func (u *unitOfWork) Complete(ctx context.Context, p idem.CompleteParams) error {
 	if err := u.s.CompleteTx(ctx, u.tx, p); err != nil {
@@ -92,7 +92,7 @@ func (u *unitOfWork) Complete(ctx context.Context, p idem.CompleteParams) error 
 	return nil
 }
 
-// Rollback implements idem.Tx. After Complete it does nothing.
+// Rollback implements idem.UnitOfWork. After Complete it does nothing.
 func (u *unitOfWork) Rollback(ctx context.Context) error {
 	if err := u.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return fmt.Errorf("idemsql: rollback: %w", err)

@@ -3,6 +3,9 @@ package idemstoretest
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,7 +116,29 @@ func (s *suite) engine(t *testing.T) {
 		if !errors.As(err, &pe) || pe.Value != "boom" {
 			h.t.Fatalf("Do of a panicking handler = %v, want *idem.PanicError with value boom", err)
 		}
-		h.afterFailure(op, business)
+		h.afterAbandon(op, business)
+	})
+
+	s.parallel(t, "GoexitReleases", func(h *harness) {
+		e := h.engines(nil)[0]
+		op := idem.Operation{Tenant: h.tenant, Key: "order-1", Fingerprint: fingerprint("a")}
+		business := newName("order")
+		done := make(chan struct{})
+		returned := false
+		go func() {
+			defer close(done)
+			_, _ = e.Do(h.ctx, op, func(ctx context.Context) (idem.Result, error) {
+				h.writeFrom(ctx, business)
+				runtime.Goexit() // what t.FailNow does, called from a library
+				return idem.Result{Status: 201}, nil
+			})
+			returned = true
+		}()
+		<-done
+		if returned {
+			h.t.Fatal("Do returned after its handler's goroutine exited")
+		}
+		h.afterAbandon(op, business)
 	})
 
 	s.parallel(t, "CancelReleases", func(h *harness) {
@@ -122,17 +147,48 @@ func (s *suite) engine(t *testing.T) {
 		business := newName("order")
 		ctx, cancel := context.WithCancel(h.ctx)
 		defer cancel()
+		answer := idem.Result{Status: 201, Body: []byte("made while the caller left")}
 		_, err := e.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
 			h.writeFrom(ctx, business)
 			// The client went away: the caller's context ends while the
 			// handler runs, and the handler does not notice.
 			cancel()
-			return idem.Result{Status: 201}, nil
+			return answer, nil
 		})
 		if !errors.Is(err, context.Canceled) {
 			h.t.Fatalf("Do whose context ended during fn = %v, want context.Canceled", err)
 		}
-		h.afterFailure(op, business)
+		if h.caps.Transactional {
+			h.afterFailure(op, business)
+			return
+		}
+		// Nothing could be undone: the answer is stored for the retry,
+		// which must not run fn again.
+		h.mustBeComplete(h.fx.Store, op.Key, answer)
+		out, err := e.Do(h.ctx, op, func(context.Context) (idem.Result, error) {
+			h.t.Error("fn ran again after a cancelled execution on a store without transactions")
+			return idem.Result{}, nil
+		})
+		if err != nil || !out.Replayed {
+			h.t.Fatalf("retry = %+v, %v; want a replay", out, err)
+		}
+	})
+
+	s.parallel(t, "NotExecutedReleases", func(h *harness) {
+		e := h.engines(nil)[0]
+		op := idem.Operation{Tenant: h.tenant, Key: "order-1", Fingerprint: fingerprint("a")}
+		answer := idem.Result{Status: 415, Body: []byte("send JSON")}
+		out, err := e.Do(h.ctx, op, func(ctx context.Context) (idem.Result, error) {
+			if !idem.NotExecuted(ctx) {
+				h.t.Error("NotExecuted found no execution in fn's context")
+			}
+			return answer, nil
+		})
+		if err != nil || !out.NotStored || out.Replayed {
+			h.t.Fatalf("Do of a not-executed answer = %+v, %v; want NotStored", out, err)
+		}
+		checkResult(h.t, "not-executed outcome", out.Result, answer)
+		h.afterFailure(op, "")
 	})
 
 	s.parallel(t, "RollbackWritesStored", func(h *harness) {
@@ -142,9 +198,10 @@ func (s *suite) engine(t *testing.T) {
 		want := idem.Result{Status: 503, Body: []byte("try later")}
 		out, err := e.Do(h.ctx, op, func(ctx context.Context) (idem.Result, error) {
 			h.writeFrom(ctx, business)
-			res := want
-			res.RollbackWrites = true
-			return res, nil
+			if !idem.RollbackWrites(ctx) {
+				h.t.Error("RollbackWrites found no execution in fn's context")
+			}
+			return want, nil
 		})
 		if err != nil || out.Replayed {
 			h.t.Fatalf("Do = %+v, %v; want a fresh outcome", out, err)
@@ -286,12 +343,21 @@ func (s *suite) engine(t *testing.T) {
 // Peer.
 func (h *harness) engines(cfg *idem.Config) []*idem.Engine {
 	h.t.Helper()
+	c := idem.Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Logger == nil {
+		// The cases provoke the warnings on purpose.
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
 	var out []*idem.Engine
 	for _, st := range h.stores() {
-		e, err := idem.NewEngine(st, cfg)
+		e, err := idem.NewEngine(st, &c)
 		if err != nil {
 			h.t.Fatalf("NewEngine: %v", err)
 		}
+		h.t.Cleanup(func() { _ = e.Close(context.Background()) })
 		out = append(out, e)
 	}
 	return out
@@ -322,7 +388,7 @@ func (h *harness) writeFrom(ctx context.Context, id string) {
 // write, no record, and a retry that runs.
 func (h *harness) afterFailure(op idem.Operation, business string) {
 	h.t.Helper()
-	if h.caps.Transactional {
+	if h.caps.Transactional && business != "" {
 		h.mustCount(business, 0, "a failed execution must leave no business write")
 	}
 	h.mustBeAbsent(h.fx.Store, op.Key)
@@ -330,4 +396,19 @@ func (h *harness) afterFailure(op idem.Operation, business string) {
 	want := idem.Result{Status: 201, Body: []byte("second try")}
 	h.mustDo(e, op, want)
 	h.mustBeComplete(h.fx.Store, op.Key, want)
+}
+
+// afterAbandon checks a key whose handler panicked or ended its goroutine:
+// rolled back and released on a transactional store; held on another,
+// where the handler's effects may stand, until its lease ends, unextended.
+func (h *harness) afterAbandon(op idem.Operation, business string) {
+	h.t.Helper()
+	if h.caps.Transactional {
+		h.afterFailure(op, business)
+		return
+	}
+	rec, err := h.fx.Store.Get(h.ctx, op.Tenant, op.Key)
+	if err != nil || rec.State != idem.StateInFlight {
+		h.t.Fatalf("after an abandoned execution on a store without transactions: record %+v, %v; want it in flight until its lease ends", rec, err)
+	}
 }

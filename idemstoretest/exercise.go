@@ -57,6 +57,7 @@ func Exercise(ctx context.Context, t *testing.T, newFixture func(t *testing.T) *
 	// The areas run one after the other (t.Run returns when an area's
 	// parallel cases are done): a purge in one area must never meet the
 	// expired-but-not-purged records another area is looking at.
+	t.Run("Info", s.info)
 	t.Run("Claim", s.claim)
 	t.Run("Fencing", s.fencing)
 	t.Run("Lease", s.lease)
@@ -67,4 +68,18 @@ func Exercise(ctx context.Context, t *testing.T, newFixture func(t *testing.T) *
 	t.Run("Transactions", s.transactions)
 	t.Run("Engine", s.engine)
 	t.Run("StoreErrors", s.storeErrors)
+}
+
+// info checks that the store describes itself as the suite was told it
+// behaves: the engine trusts StoreInfo.Transactional to decide whether a
+// handler's work can be undone.
+func (s *suite) info(t *testing.T) {
+	fx := s.newFixture(t)
+	info := fx.Store.Info()
+	if info.Name == "" {
+		t.Error("Store.Info().Name is empty")
+	}
+	if info.Transactional != s.caps.Transactional {
+		t.Errorf("Store.Info().Transactional = %v, but the suite runs with Capabilities.Transactional = %v", info.Transactional, s.caps.Transactional)
+	}
 }

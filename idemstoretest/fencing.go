@@ -82,7 +82,7 @@ func (s *suite) fencing(t *testing.T) {
 		stores := h.stores()
 		p := h.params("order-1", fingerprint("a"))
 		h.mustWin(h.fx.Store, p)
-		txs := make([]idem.Tx, 2)
+		txs := make([]idem.UnitOfWork, 2)
 		writes := make([]string, 2)
 		for i := range txs {
 			txs[i] = h.begin(stores[i%len(stores)])

@@ -138,7 +138,7 @@ func (h *harness) mustComplete(st idem.Store, key string, token int64, res idem.
 	}
 }
 
-func (h *harness) begin(st idem.Store) idem.Tx {
+func (h *harness) begin(st idem.Store) idem.UnitOfWork {
 	h.t.Helper()
 	tx, err := st.Begin(h.ctx)
 	if err != nil {
@@ -214,7 +214,7 @@ func (h *harness) mustBeComplete(st idem.Store, key string, want idem.Result) *i
 }
 
 // businessWrite inserts the business row id through tx.
-func (h *harness) businessWrite(tx idem.Tx, id string) {
+func (h *harness) businessWrite(tx idem.UnitOfWork, id string) {
 	h.t.Helper()
 	if err := h.fx.BusinessWrite(tx.Context(h.ctx), id); err != nil {
 		h.t.Fatalf("BusinessWrite(%q): %v", id, err)

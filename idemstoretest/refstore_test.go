@@ -104,7 +104,12 @@ func (s *refStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimRes
 	return idem.ClaimResult{Won: true}, nil
 }
 
-func (s *refStore) Begin(ctx context.Context) (idem.Tx, error) {
+// Info implements idem.Store.
+func (s *refStore) Info() idem.StoreInfo {
+	return idem.StoreInfo{Name: "reference", Transactional: !s.selfExpiring}
+}
+
+func (s *refStore) Begin(ctx context.Context) (idem.UnitOfWork, error) {
 	if err := s.ctxErr(ctx); err != nil {
 		return nil, err
 	}
@@ -273,7 +278,6 @@ func (t *refTx) Complete(ctx context.Context, p idem.CompleteParams) error {
 		return idem.ErrLeaseLost
 	}
 	res := p.Result
-	res.RollbackWrites = false
 	if !s.bugs.aliasBody {
 		res.Body = append([]byte(nil), res.Body...)
 	}

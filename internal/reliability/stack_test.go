@@ -524,13 +524,13 @@ func (c *countingStore) takeLog() []storeOp {
 	return l
 }
 
-func (c *countingStore) Begin(ctx context.Context) (idem.Tx, error) {
+func (c *countingStore) Begin(ctx context.Context) (idem.UnitOfWork, error) {
 	c.record(storeOp{op: "begin"})
 	tx, err := c.Store.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &countingTx{Tx: tx, c: c}, nil
+	return &countingTx{UnitOfWork: tx, c: c}, nil
 }
 
 func (c *countingStore) Extend(ctx context.Context, p idem.ExtendParams) error {
@@ -552,7 +552,7 @@ func (c *countingStore) Get(ctx context.Context, tenant, key string) (*idem.Reco
 }
 
 type countingTx struct {
-	idem.Tx
+	idem.UnitOfWork
 	c *countingStore
 }
 
@@ -565,7 +565,7 @@ func (t *countingTx) Complete(ctx context.Context, p idem.CompleteParams) error 
 		}
 		p.Result.Header = h
 	}
-	return t.Tx.Complete(ctx, p)
+	return t.UnitOfWork.Complete(ctx, p)
 }
 
 // orderRow and recordRow are what the final checks read back.

@@ -20,7 +20,7 @@ func TestLeaseCtx(t *testing.T) {
 	t.Run("untouched", func(t *testing.T) {
 		parent, cancel := parentOf()
 		defer cancel(nil)
-		c := newLeaseCtx(parent)
+		c := newRunCtx(parent)
 		if c.Err() != nil || context.Cause(c) != nil || c.Value(ctxKey{}) != "v" {
 			t.Fatalf("live context: err %v, cause %v, value %v", c.Err(), context.Cause(c), c.Value(ctxKey{}))
 		}
@@ -44,7 +44,7 @@ func TestLeaseCtx(t *testing.T) {
 	t.Run("lost", func(t *testing.T) {
 		parent, cancel := parentOf()
 		defer cancel(nil)
-		c := newLeaseCtx(parent)
+		c := newRunCtx(parent)
 		derived, stop := context.WithTimeout(c, time.Hour)
 		defer stop()
 		fired := make(chan struct{})
@@ -65,7 +65,7 @@ func TestLeaseCtx(t *testing.T) {
 	t.Run("parent cancelled", func(t *testing.T) {
 		for _, watched := range []bool{false, true} {
 			parent, cancel := parentOf()
-			c := newLeaseCtx(parent)
+			c := newRunCtx(parent)
 			if watched {
 				c.Done()
 			}
@@ -87,7 +87,7 @@ func TestLeaseCtx(t *testing.T) {
 		deadline := time.Now().Add(time.Hour)
 		parent, cancel := context.WithDeadline(context.Background(), deadline)
 		defer cancel()
-		c := newLeaseCtx(parent)
+		c := newRunCtx(parent)
 		if d, ok := c.Deadline(); !ok || !d.Equal(deadline) {
 			t.Fatalf("deadline %v %v", d, ok)
 		}

@@ -1,0 +1,79 @@
+package idem
+
+import (
+	"context"
+	"sync/atomic"
+)
+
+// Execution describes the execution of an operation that is running now:
+// what a handler may want to know of where it stands. Read it with
+// ExecutionFromContext.
+type Execution struct {
+	// Tenant and Key name the operation.
+	Tenant string
+	Key    string
+	// LeaseToken is this execution's fencing token: the store accepts its
+	// completion only while the key is held under it.
+	LeaseToken int64
+	// Store names the store that keeps the record (StoreInfo.Name).
+	Store string
+}
+
+// execState is the part of a running execution that the handler may
+// change through its context, read by the engine once the handler returned.
+type execState struct {
+	info           Execution
+	notExecuted    atomic.Bool
+	rollbackWrites atomic.Bool
+}
+
+// execKey is the context key under which a run context answers its
+// execState.
+type execKey struct{}
+
+func stateFrom(ctx context.Context) *execState {
+	st, _ := ctx.Value(execKey{}).(*execState)
+	return st
+}
+
+// ExecutionFromContext returns the execution running in ctx, and false
+// outside one (a request without a key, or a context not derived from the
+// one Engine.Do gave the function).
+func ExecutionFromContext(ctx context.Context) (Execution, bool) {
+	if st := stateFrom(ctx); st != nil {
+		return st.info, true
+	}
+	return Execution{}, false
+}
+
+// NotExecuted marks the answer of the execution running in ctx as one that
+// did not execute the operation: the request was refused before any work
+// began (it failed validation, say). The engine then stores nothing, rolls
+// back the unit of work and releases the key, so that a corrected retry
+// with the same key runs; Engine.Do returns the answer with
+// Outcome.NotStored set, for the front end to send. On a store without
+// transactions, whatever the function did stays done: mark only answers
+// that did nothing. It reports whether ctx carries an execution.
+func NotExecuted(ctx context.Context) bool {
+	st := stateFrom(ctx)
+	if st == nil {
+		return false
+	}
+	st.notExecuted.Store(true)
+	return true
+}
+
+// RollbackWrites marks the execution running in ctx so that its business
+// writes are rolled back while its answer is still stored and replayed: a
+// payment refused by the card network, answered 402, that must leave no
+// row behind, yet answer every retry the same. idemhttp does it for every
+// 5xx answer. On a store without transactions there is nothing to roll
+// back. It reports whether ctx carries an execution.
+func RollbackWrites(ctx context.Context) bool {
+	st := stateFrom(ctx)
+	if st == nil {
+		return false
+	}
+	st.rollbackWrites.Store(true)
+	return true
+}
