@@ -272,6 +272,10 @@ func readPipeline(pl *pgconn.Pipeline) (r pipelined) {
 //
 // When the lease was lost it returns idem.ErrLeaseLost, and tx is aborted:
 // the caller must roll it back, and its writes are undone with it.
+//
+// tx must be live: in a transaction that a failed statement aborted,
+// CompleteTx fails too (SQLSTATE 25P02). To store an answer without the
+// writes, roll tx back and call CompleteTx in a new transaction.
 func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p idem.CompleteParams) error {
 	res := p.Result
 	header, err := idem.MarshalHeader(res.Header)
