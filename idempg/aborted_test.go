@@ -329,3 +329,44 @@ func TestConnectionLostUnderHandler(t *testing.T) {
 		t.Fatalf("%d rows committed", n)
 	}
 }
+
+// TestDeferredConstraintRefusesCommit: a constraint checked at COMMIT
+// (DEFERRABLE INITIALLY DEFERRED) refuses the commit after the handler
+// answered: its writes are rolled back, so its answer, a success, is not
+// stored; Complete returns the server's error and the record stays in
+// flight for the engine to release. A handler that must know before it
+// answers runs SET CONSTRAINTS ALL IMMEDIATE.
+func TestDeferredConstraintRefusesCommit(t *testing.T) {
+	e := newEnv(t, 1)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE seats (seat int, CONSTRAINT one_per_seat UNIQUE (seat) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.store.Claim(ctx, idem.ClaimParams{Tenant: "t", Key: "k", Token: 1, Lease: time.Minute, Retention: time.Hour}); err != nil || !res.Won {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	unit, err := e.store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unit.Rollback(ctx)
+	hctx := unit.Context(ctx)
+	if err := insertOrder(hctx, "booked"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idempg.TxFromContext(hctx).Exec(hctx, `INSERT INTO seats VALUES ($1), ($1)`, 7); err != nil {
+		t.Fatalf("the deferred check ran early: %v", err)
+	}
+	err = unit.Complete(ctx, idem.CompleteParams{Tenant: "t", Key: "k", Token: 1, Result: idem.Result{Status: 201}})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		t.Fatalf("complete: %v, want the unique violation raised at COMMIT", err)
+	}
+	if rec, err := e.store.Get(ctx, "t", "k"); err != nil || rec.State != idem.StateInFlight {
+		t.Fatalf("record: %+v, %v; want in flight, nothing stored", rec, err)
+	}
+	if n := e.countOrders(t, "booked"); n != 0 {
+		t.Fatalf("%d rows committed", n)
+	}
+	checkPoolReused(t, e)
+}

@@ -367,9 +367,10 @@ func (t *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 // Conn.Begin and its Commit): idem can no longer tell whether the writes
 // committed, so it stores nothing, and the retry runs the operation
 // again; call Rollback on the Tx instead. Conn returns nil once the
-// execution has ended, since the connection may then serve another
-// request, or if the transaction could not begin; a *pgx.Conn kept past
-// the handler's return is not protected so.
+// execution has ended or the handler rolled back, since the connection
+// may then serve another request, or if the transaction could not begin;
+// a *pgx.Conn obtained before is not protected so: do not use it after
+// Rollback, nor past the handler's return.
 func (t *handlerTx) Conn() *pgx.Conn {
 	if t.usable() != nil {
 		return nil
