@@ -218,12 +218,9 @@ func (r *pgOrders) migrate(ctx context.Context) error {
 
 func (r *pgOrders) insert(ctx context.Context, tenant string, o order) error {
 	const q = `INSERT INTO ` + ordersTable + ` (id, tenant_id, cart_id, total_cents, created_at) VALUES ($1, $2, $3, $4, $5)`
-	var err error
-	if tx := idempg.Tx(ctx); tx != nil {
-		_, err = tx.Exec(ctx, q, o.ID, tenant, o.CartID, o.TotalCents, o.CreatedAt)
-	} else {
-		_, err = r.pool.Exec(ctx, q, o.ID, tenant, o.CartID, o.TotalCents, o.CreatedAt)
-	}
+	// The idem execution's transaction when the request carries a key,
+	// the pool otherwise.
+	_, err := idempg.DB(ctx, r.pool).Exec(ctx, q, o.ID, tenant, o.CartID, o.TotalCents, o.CreatedAt)
 	return err
 }
 

@@ -78,7 +78,7 @@ func (e *pgEnv) items(t *testing.T) []string {
 }
 
 func pgInsert(t *testing.T, r *http.Request, item string) {
-	tx := idempg.Tx(r.Context())
+	tx := idempg.TxFromContext(r.Context())
 	if tx == nil {
 		t.Error("the handler's request carries no idempg transaction")
 		panic(http.ErrAbortHandler)

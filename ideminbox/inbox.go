@@ -29,7 +29,7 @@ const (
 var ErrNoMessageID = errors.New("ideminbox: the message has no id")
 
 // HandlerFunc does the work of one message. ctx carries the store's
-// transaction (idemsql.Tx(ctx), idempg.Tx(ctx)): writes made through it
+// transaction (idemsql.Tx(ctx), idempg.TxFromContext(ctx)): writes made through it
 // commit together with the dedup record, or not at all. Returning an error
 // rolls them back and releases the key, so the redelivery runs again.
 type HandlerFunc func(ctx context.Context) error

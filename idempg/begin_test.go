@@ -3,6 +3,9 @@ package idempg_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,17 +19,17 @@ import (
 // with the first query"). Each inserts one order tagged ref.
 var firstWrites = map[string]func(ctx context.Context, ref string) error{
 	"Exec": func(ctx context.Context, ref string) error {
-		_, err := idempg.Tx(ctx).Exec(ctx, `INSERT INTO orders (ref) VALUES ($1)`, ref)
+		_, err := idempg.TxFromContext(ctx).Exec(ctx, `INSERT INTO orders (ref) VALUES ($1)`, ref)
 		return err
 	},
 	"ExecNoArgumentsTwoStatements": func(ctx context.Context, ref string) error {
 		// Simple protocol: two statements in one string, ref is a test
 		// constant.
-		_, err := idempg.Tx(ctx).Exec(ctx, `INSERT INTO orders (ref) VALUES ('`+ref+`'); SELECT 1`)
+		_, err := idempg.TxFromContext(ctx).Exec(ctx, `INSERT INTO orders (ref) VALUES ('`+ref+`'); SELECT 1`)
 		return err
 	},
 	"Query": func(ctx context.Context, ref string) error {
-		rows, err := idempg.Tx(ctx).Query(ctx, `INSERT INTO orders (ref) VALUES ($1), ($1) RETURNING id`, ref)
+		rows, err := idempg.TxFromContext(ctx).Query(ctx, `INSERT INTO orders (ref) VALUES ($1), ($1) RETURNING id`, ref)
 		if err != nil {
 			return err
 		}
@@ -38,19 +41,19 @@ var firstWrites = map[string]func(ctx context.Context, ref string) error{
 			return err
 		}
 		// Undo one of the two, so one row stays as in the other kinds.
-		_, err = idempg.Tx(ctx).Exec(ctx, `DELETE FROM orders WHERE id = $1`, ids[1])
+		_, err = idempg.TxFromContext(ctx).Exec(ctx, `DELETE FROM orders WHERE id = $1`, ids[1])
 		return err
 	},
 	"QueryRow": func(ctx context.Context, ref string) error {
 		var id int64
-		return idempg.Tx(ctx).QueryRow(ctx, `INSERT INTO orders (ref) VALUES ($1) RETURNING id`, ref).Scan(&id)
+		return idempg.TxFromContext(ctx).QueryRow(ctx, `INSERT INTO orders (ref) VALUES ($1) RETURNING id`, ref).Scan(&id)
 	},
 	"SendBatch": func(ctx context.Context, ref string) error {
 		b := &pgx.Batch{}
 		b.Queue(`INSERT INTO orders (ref) VALUES ($1)`, ref)
 		var n int
 		b.Queue(`SELECT count(*) FROM orders WHERE ref = $1`, ref).QueryRow(func(row pgx.Row) error { return row.Scan(&n) })
-		if err := idempg.Tx(ctx).SendBatch(ctx, b).Close(); err != nil {
+		if err := idempg.TxFromContext(ctx).SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}
 		if n != 1 {
@@ -59,11 +62,11 @@ var firstWrites = map[string]func(ctx context.Context, ref string) error{
 		return nil
 	},
 	"CopyFrom": func(ctx context.Context, ref string) error {
-		_, err := idempg.Tx(ctx).CopyFrom(ctx, pgx.Identifier{"orders"}, []string{"ref"}, pgx.CopyFromRows([][]any{{ref}}))
+		_, err := idempg.TxFromContext(ctx).CopyFrom(ctx, pgx.Identifier{"orders"}, []string{"ref"}, pgx.CopyFromRows([][]any{{ref}}))
 		return err
 	},
 	"Savepoint": func(ctx context.Context, ref string) error {
-		sp, err := idempg.Tx(ctx).Begin(ctx)
+		sp, err := idempg.TxFromContext(ctx).Begin(ctx)
 		if err != nil {
 			return err
 		}
@@ -73,14 +76,14 @@ var firstWrites = map[string]func(ctx context.Context, ref string) error{
 		return sp.Commit(ctx)
 	},
 	"PrepareThenExec": func(ctx context.Context, ref string) error {
-		if _, err := idempg.Tx(ctx).Prepare(ctx, "ins", `INSERT INTO orders (ref) VALUES ($1)`); err != nil {
+		if _, err := idempg.TxFromContext(ctx).Prepare(ctx, "ins", `INSERT INTO orders (ref) VALUES ($1)`); err != nil {
 			return err
 		}
-		_, err := idempg.Tx(ctx).Exec(ctx, "ins", ref)
+		_, err := idempg.TxFromContext(ctx).Exec(ctx, "ins", ref)
 		return err
 	},
 	"Conn": func(ctx context.Context, ref string) error {
-		_, err := idempg.Tx(ctx).Conn().Exec(ctx, `INSERT INTO orders (ref) VALUES ($1)`, ref)
+		_, err := idempg.TxFromContext(ctx).Conn().Exec(ctx, `INSERT INTO orders (ref) VALUES ($1)`, ref)
 		return err
 	},
 }
@@ -158,31 +161,63 @@ func TestHandlerWithoutWrites(t *testing.T) {
 	}
 }
 
-// TestFailedFirstStatement: a handler whose first statement fails but
-// which returns success anyway cannot complete: the transaction is
-// aborted, nothing is stored, and the connection comes back clean.
-func TestFailedFirstStatement(t *testing.T) {
-	e := newEnv(t, 1)
+// TestBeginTakesNoConnection: a unit of work takes its pool connection at
+// the handler's first query, not before the handler runs. Sixteen keyed
+// requests at once on a pool of four connections (pgxpool's default on
+// two CPUs) are all inside their handlers together, before any of them
+// queries, as a handler that first calls a slow service would be; a unit
+// taking its connection in Begin would let four in at a time.
+func TestBeginTakesNoConnection(t *testing.T) {
+	e := newEnv(t, 4)
 	ctx := context.Background()
-	if _, err := e.store.Claim(ctx, idem.ClaimParams{Tenant: "t", Key: "k", Token: 1, Lease: time.Minute, Retention: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := e.store.Begin(ctx)
+
+	unit, err := e.store.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx)
-	if _, err := idempg.Tx(tx.Context(ctx)).Exec(ctx, `INSERT INTO no_such_table VALUES ($1)`, 1); err == nil {
-		t.Fatal("insert into a missing table succeeded")
+	held := e.pool.Stat().AcquiredConns()
+	if err := unit.Rollback(ctx); err != nil {
+		t.Fatal(err)
 	}
-	if err := tx.Complete(ctx, idem.CompleteParams{Tenant: "t", Key: "k", Token: 1}); err == nil || errors.Is(err, idem.ErrLeaseLost) {
-		t.Fatalf("complete of an aborted transaction: %v, want the server's error", err)
+	if held != 0 {
+		t.Errorf("Begin holds %d pool connections, want 0", held)
 	}
-	rec, err := e.store.Get(ctx, "t", "k")
-	if err != nil || rec.State != idem.StateInFlight {
-		t.Fatalf("record after the refused completion: %+v, %v", rec, err)
+
+	eng := mustEngine(t, e.store)
+	const n = 16
+	var inside sync.WaitGroup
+	inside.Add(n)
+	together := make(chan struct{})
+	go func() { inside.Wait(); close(together) }()
+	// Only a failure deadline: once it passes, every waiting handler goes
+	// on, so that a broken store fails the test instead of hanging it.
+	deadline, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	var metAll atomic.Int32
+	errs := make([]error, n)
+	atOnce(n, func(i int) {
+		ref := fmt.Sprint("slow-", i)
+		_, errs[i] = eng.Do(ctx, idem.Operation{Tenant: "t", Key: ref}, func(ctx context.Context) (idem.Result, error) {
+			inside.Done() // the slow service is called here
+			select {
+			case <-together:
+				metAll.Add(1)
+			case <-deadline.Done():
+			}
+			return idem.Result{Status: 201}, insertOrder(ctx, ref)
+		})
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
 	}
-	if st := e.pool.Stat(); st.AcquiredConns() != 0 || st.NewConnsCount() != 1 {
-		t.Fatalf("pool: %d acquired, %d connections made; want 0 and 1", st.AcquiredConns(), st.NewConnsCount())
+	if got := metAll.Load(); got != n {
+		t.Fatalf("%d of %d handlers were inside their handler together before the deadline: units hold pool connections before the handler's first query", got, n)
+	}
+	for i := range n {
+		if c := e.countOrders(t, fmt.Sprint("slow-", i)); c != 1 {
+			t.Fatalf("request %d: %d orders, want 1", i, c)
+		}
 	}
 }

@@ -97,7 +97,7 @@ func BenchmarkEngineReplay(b *testing.B) {
 
 func createOrder(i int64) func(ctx context.Context) (idem.Result, error) {
 	return func(ctx context.Context) (idem.Result, error) {
-		if _, err := idempg.Tx(ctx).Exec(ctx, `INSERT INTO orders (ref) VALUES ($1)`, fmt.Sprint(i)); err != nil {
+		if _, err := idempg.TxFromContext(ctx).Exec(ctx, `INSERT INTO orders (ref) VALUES ($1)`, fmt.Sprint(i)); err != nil {
 			return idem.Result{}, err
 		}
 		return idem.Result{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}},

@@ -22,7 +22,8 @@ import (
 //     ON CONFLICT DO UPDATE, which locks the row (a transaction id and a
 //     WAL record) even when its WHERE refuses the update;
 //   - twotrip: the completion and the COMMIT are two round trips;
-//   - eagerbegin: Begin sends BEGIN in a round trip of its own.
+//   - eagerbegin: Begin takes a connection and sends BEGIN, in a round
+//     trip of its own, before the handler runs.
 //
 // Every variant, and the baselines, send one statement per claim
 // (ClaimBatchSize 1), since the claim variants edit that statement; the
@@ -128,7 +129,7 @@ func (u twoTripUnit) Complete(ctx context.Context, p idem.CompleteParams) error 
 	if err := (&Store{}).CompleteTx(ctx, u.tx, p); err != nil {
 		return err
 	}
-	if !u.done.CompareAndSwap(false, true) {
+	if u.state.Swap(unitEnded) != unitOpen {
 		return nil
 	}
 	defer u.conn.Release()
@@ -144,7 +145,7 @@ func benchEngine(b *testing.B, eng *idem.Engine, replay bool) {
 			key = "replayed"
 		}
 		_, err := eng.Do(ctx, idem.Operation{Tenant: "bench", Key: key}, func(ctx context.Context) (idem.Result, error) {
-			_, err := Tx(ctx).Exec(ctx, `INSERT INTO orders (ref) VALUES ($1)`, fmt.Sprint(i))
+			_, err := TxFromContext(ctx).Exec(ctx, `INSERT INTO orders (ref) VALUES ($1)`, fmt.Sprint(i))
 			return idem.Result{Status: 201, Body: []byte(`{"id":"ord_1"}`)}, err
 		})
 		return err

@@ -20,8 +20,21 @@ import (
 //     against the latest committed version of the row, not cur's
 //     snapshot, so two claims can never both win.
 //   - the async subquery turns synchronous_commit off for this statement's
-//     own implicit transaction only (is_local = true): see "Asynchronous
-//     claims" in the package documentation for why that is safe.
+//     own implicit transaction only (is_local = true; it is evaluated only
+//     when ins writes, and a claim that writes nothing has nothing to
+//     flush). The claim's commit then returns before its WAL is on disk.
+//     Guaranteed: the completion of the execution, a synchronous commit
+//     made after this statement returned, flushes the WAL past the
+//     claim's commit record, so no stored answer, and no business write
+//     committed with it, ever outlives its claim in a crash. Lost in a
+//     crash of PostgreSQL or of its machine: claims committed since the
+//     last WAL flush (at most 3 × wal_writer_delay old), whose executions
+//     had neither completed nor been released (both commit synchronously)
+//     and committed no business write; their keys come back absent, or
+//     as the expired record a takeover replaced, and the retry runs the
+//     operation. That holds while the completions commit synchronously
+//     (synchronous_commit on, the default); see "Asynchronous claims" in
+//     the package documentation and docs/STORES.md.
 //
 // The final SELECT always yields one row: won, and the held record's
 // columns or NULLs. When won is false and the columns are NULL, the row

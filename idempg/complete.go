@@ -54,43 +54,99 @@ func completeValues(p idem.CompleteParams) ([][]byte, error) {
 	}, nil
 }
 
-// Complete implements idem.UnitOfWork. It stores the result and commits in ONE
-// round trip: a pipeline of [idem_complete, COMMIT, Sync], which the
-// server answers in one write, after the commit.
+// Complete implements idem.UnitOfWork. What it sends depends on what the
+// handler did with its transaction:
 //
-// When idem_complete raises (lease lost), the server skips the COMMIT up
-// to the Sync and leaves the transaction open and aborted; Complete then
-// sends a ROLLBACK, a second round trip on that rare path only, so that
-// the connection goes back to the pool idle. A Sync after idem_complete
-// as well would make the COMMIT run (as a ROLLBACK) in the same round trip
-// whatever happened, but it splits the answer in two: the server sends
-// idem_complete's result at once and the COMMIT's after the WAL flush, so
-// every request would cost both sides one more write and one more wake-up.
+//   - nothing (or only Prepare): the completion alone, one fenced statement
+//     in its own implicit transaction, through the pool;
+//   - wrote, and the transaction is live: the completion and the COMMIT in
+//     ONE round trip, a pipeline of [idem_complete, COMMIT, Sync], which the
+//     server answers in one write, after the commit;
+//   - a statement failed and aborted the transaction (a unique violation
+//     the handler answered 409): [ROLLBACK, idem_complete, Sync], one round
+//     trip that undoes every write of the transaction and stores the answer
+//     alone;
+//   - rolled its transaction back (handlerTx.Rollback): the completion
+//     alone, through the pool, as if it had written nothing.
+//
+// When the transaction ended without idem (a COMMIT or ROLLBACK the
+// handler sent through Conn) or its connection was lost, Complete cannot
+// tell what committed: it stores nothing and returns an error, and the
+// engine releases the key.
+//
+// When idem_complete raises (lease lost) in the commit pipeline, the server
+// skips the COMMIT up to the Sync and leaves the transaction open and
+// aborted; Complete then sends a ROLLBACK, a second round trip on that
+// rare path only, so that the connection goes back to the pool idle. A
+// Sync after idem_complete as well would make the COMMIT run (as a
+// ROLLBACK) in the same round trip whatever happened, but it splits the
+// answer in two: the server sends idem_complete's result at once and the
+// COMMIT's after the WAL flush, so every request would cost both sides one
+// more write and one more wake-up.
 func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 	values, err := completeValues(p)
 	if err != nil {
 		return err // the transaction stays open; the caller's Rollback ends it
 	}
-	if !u.done.CompareAndSwap(false, true) {
+	switch u.state.Swap(unitEnded) {
+	case unitEnded:
 		return pgx.ErrTxClosed
+	case unitRolledBack:
+		return u.store.completeAlone(ctx, values)
+	}
+	if u.conn == nil {
+		return u.store.completeAlone(ctx, values)
+	}
+	if u.tx == nil {
+		// Connected (Prepare) but nothing written: the connection may
+		// have been lost meanwhile, which the pool's next one does not
+		// care about.
+		u.conn.Release()
+		u.conn = nil
+		return u.store.completeAlone(ctx, values)
 	}
 	// Release returns the connection only when it is idle; one that a
 	// failure left inside a transaction, busy or closed is destroyed.
-	defer u.conn.Release()
-
+	defer func() {
+		u.conn.Release()
+		u.conn = nil
+	}()
 	pgConn := u.conn.Conn().PgConn()
-	if u.tx == nil {
-		// The handler wrote nothing, so no transaction was begun: the
-		// completion commits alone, in its statement's implicit
-		// transaction. A lost lease raises, and nothing is stored.
-		_, err := pgConn.ExecParams(ctx, completeSQL, values, completeOIDs, completeFormats, nil).Close()
-		return interpretError(err)
+	if pgConn.IsClosed() {
+		// The server rolled the transaction back when the connection
+		// went; the handler may not even have seen it (it was killed
+		// while idle in the transaction), so its answer is not stored.
+		return fmt.Errorf("idempg: complete: the connection of the handler's transaction was lost, its writes with it; nothing stored: %w", pgx.ErrTxClosed)
 	}
-	if st := pgConn.TxStatus(); st != 'T' && st != 'E' {
-		// The BEGIN never took effect (the connection failed under it):
-		// completing now would commit the result without the writes.
-		return fmt.Errorf("idempg: complete: the transaction is not open (status %q): %w", st, pgx.ErrTxClosed)
+	switch st := pgConn.TxStatus(); st {
+	case 'T':
+		return commitWith(ctx, pgConn, values)
+	case 'E':
+		return rollbackThenComplete(ctx, pgConn, values)
+	default:
+		// 'I': the BEGIN took effect, yet no transaction is open. The
+		// handler ended it through Conn, so its writes may have committed
+		// or not; storing its answer would be a guess.
+		return fmt.Errorf("idempg: complete: the handler's transaction was ended without idem (a COMMIT or ROLLBACK sent through Conn?); its writes may or may not be committed, and nothing is stored: %w", pgx.ErrTxClosed)
 	}
+}
+
+// completeAlone stores the answer with one fenced statement through the
+// pool, in its own implicit transaction: for a handler that wrote nothing,
+// or whose writes were rolled back.
+func (s *Store) completeAlone(ctx context.Context, values [][]byte) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	_, err = conn.Conn().PgConn().ExecParams(ctx, completeSQL, values, completeOIDs, completeFormats, nil).Close()
+	return interpretError(err)
+}
+
+// commitWith completes in the handler's live transaction and commits it,
+// in one round trip.
+func commitWith(ctx context.Context, pgConn *pgconn.PgConn, values [][]byte) error {
 	// An unnamed statement, parsed each time: preparing it once per
 	// connection measured no faster (see bench_variants_test.go).
 	pl := pgConn.StartPipeline(ctx)
@@ -100,16 +156,14 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 		_ = pl.Close()
 		return err
 	}
-	completeErr, commitTag, commitErr, ioErr := readCompletePipeline(pl)
-	if err := pl.Close(); err != nil && ioErr == nil && completeErr == nil && commitErr == nil {
-		ioErr = err
-	}
+	r := readPipeline(pl)
+	completeErr, commitTag, commitErr := r.errs[0], r.tags[1], r.errs[1]
 	switch {
 	case completeErr != nil:
 		// The COMMIT was skipped: roll back, business writes included.
 		// Should the ROLLBACK fail, Release destroys the connection,
 		// and with it the transaction.
-		if ioErr == nil && pgConn.TxStatus() == 'E' {
+		if r.io == nil && pgConn.TxStatus() == 'E' {
 			_ = pgConn.Exec(ctx, "ROLLBACK").Close()
 		}
 		return interpretError(completeErr)
@@ -117,59 +171,96 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 		// A deferred constraint or a serialization failure refused the
 		// commit: nothing was stored.
 		return interpretError(commitErr)
-	case ioErr != nil:
+	case r.io != nil:
 		// The connection failed: the commit may or may not have happened.
 		// The engine's fenced Release then deletes nothing if it did.
-		return ioErr
+		return r.io
 	case commitTag.String() != "COMMIT":
 		return fmt.Errorf("idempg: commit ended with %q: %w", commitTag.String(), pgx.ErrTxCommitRollback)
 	}
 	return nil
 }
 
-// readCompletePipeline reads the completion pipeline up to its Sync: the
-// result of idem_complete, then the COMMIT's unless an error made the
-// server skip it. A server error is recorded against the statement it
-// belongs to; any other error ends the pipeline.
-func readCompletePipeline(pl *pgconn.Pipeline) (completeErr error, commitTag pgconn.CommandTag, commitErr, ioErr error) {
+// rollbackThenComplete ends a transaction that a failed statement aborted,
+// and stores the answer alone in the same round trip: ROLLBACK ends the
+// transaction block, and idem_complete, after it in the same pipeline,
+// runs in an implicit transaction of its own, committed at the Sync (with
+// the server's synchronous_commit) or rolled back if it raised.
+func rollbackThenComplete(ctx context.Context, pgConn *pgconn.PgConn, values [][]byte) error {
+	pl := pgConn.StartPipeline(ctx)
+	pl.SendQueryParams("ROLLBACK", nil, nil, nil, nil)
+	pl.SendQueryParams(completeSQL, values, completeOIDs, completeFormats, nil)
+	if err := pl.Sync(); err != nil {
+		_ = pl.Close()
+		return err
+	}
+	r := readPipeline(pl)
+	switch {
+	case r.errs[0] != nil:
+		return r.errs[0]
+	case r.errs[1] != nil:
+		return interpretError(r.errs[1])
+	case r.io != nil:
+		// Whether idem_complete committed is unknown; the engine's
+		// fenced Release deletes nothing if it did.
+		return r.io
+	}
+	return nil
+}
+
+// pipelined is what a pipeline of two statements and a Sync answered:
+// each statement's command tag or server error (a statement after a
+// failed one is skipped by the server, and has neither), and the error
+// that ended the reading early, if any.
+type pipelined struct {
+	tags [2]pgconn.CommandTag
+	errs [2]error
+	io   error
+}
+
+// readPipeline reads a pipeline of two statements up to its Sync, and
+// closes it. A server error is recorded against the statement it belongs
+// to; any other error ends the pipeline.
+func readPipeline(pl *pgconn.Pipeline) (r pipelined) {
 	statement := 0
-	record := func(err error) {
-		if statement == 0 {
-			completeErr = err
-		} else if commitErr == nil {
-			commitErr = err
+	record := func(tag pgconn.CommandTag, err error) {
+		if statement < len(r.tags) {
+			r.tags[statement], r.errs[statement] = tag, err
 		}
 		statement++
 	}
+	defer func() {
+		if err := pl.Close(); err != nil && r.io == nil && r.errs[0] == nil && r.errs[1] == nil {
+			r.io = err
+		}
+	}()
 	for {
 		res, err := pl.GetResults()
 		if err != nil {
 			var pgErr *pgconn.PgError
 			if !errors.As(err, &pgErr) {
-				return completeErr, commitTag, commitErr, err
+				r.io = err
+				return r
 			}
-			record(err)
+			record(pgconn.CommandTag{}, err)
 			continue
 		}
-		switch r := res.(type) {
+		switch res := res.(type) {
 		case nil:
-			return completeErr, commitTag, commitErr, errors.New("idempg: completion pipeline ended early")
+			r.io = errors.New("idempg: completion pipeline ended early")
+			return r
 		case *pgconn.ResultReader:
-			tag, err := r.Close()
+			tag, err := res.Close()
 			if err != nil {
 				var pgErr *pgconn.PgError
 				if !errors.As(err, &pgErr) {
-					return completeErr, commitTag, commitErr, err
+					r.io = err
+					return r
 				}
-				record(err)
-				continue
 			}
-			if statement == 1 {
-				commitTag = tag
-			}
-			statement++
+			record(tag, err)
 		case *pgconn.PipelineSync:
-			return completeErr, commitTag, commitErr, nil
+			return r
 		}
 	}
 }
@@ -181,6 +272,10 @@ func readCompletePipeline(pl *pgconn.Pipeline) (completeErr error, commitTag pgc
 //
 // When the lease was lost it returns idem.ErrLeaseLost, and tx is aborted:
 // the caller must roll it back, and its writes are undone with it.
+//
+// tx must be live: in a transaction that a failed statement aborted,
+// CompleteTx fails too (SQLSTATE 25P02). To store an answer without the
+// writes, roll tx back and call CompleteTx in a new transaction.
 func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p idem.CompleteParams) error {
 	res := p.Result
 	header, err := idem.MarshalHeader(res.Header)

@@ -10,9 +10,46 @@
 //	_ = idempg.Migrate(ctx, pool)
 //	engine, _ := idem.NewEngine(idempg.New(pool), nil)
 //	out, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
-//		_, err := idempg.Tx(ctx).Exec(ctx, `INSERT INTO orders …`)
+//		_, err := idempg.DB(ctx, pool).Exec(ctx, `INSERT INTO orders …`)
 //		return idem.Result{Status: 201}, err
 //	})
+//
+// DB returns the execution's transaction (TxFromContext) inside idem and
+// the pool outside it, so a handler behind idemhttp has one code path for
+// requests with and without an Idempotency-Key.
+//
+// # The handler's transaction
+//
+// The handler's writes go to a pgx.Tx that commits with its stored answer
+// when it returns. What the handler does decides what is kept:
+//
+//   - it returns an answer: its writes and the answer commit together;
+//   - it calls Rollback on the Tx (or idem.RollbackWrites(ctx)): its
+//     writes are rolled back (at once, for Rollback), its answer is stored
+//     and replayed without them; later statements on the Tx fail with
+//     pgx.ErrTxClosed;
+//   - it calls idem.NotExecuted(ctx): nothing is stored, the key is free;
+//   - it returns an error: nothing is stored and the key is released.
+//
+// Commit refuses with ErrTxOwned: the commit is idem's, with the answer.
+// Savepoints (the Tx's Begin, pgx.BeginFunc on the Tx) work as in pgx.
+//
+// A statement that fails aborts a PostgreSQL transaction: every later
+// statement fails too, and nothing of it can commit. A handler that then
+// answers (catches a unique violation and answers 409 "account exists")
+// has that answer stored and replayed as it wrote it, whatever its status,
+// and every write of the transaction rolled back, those made before the
+// failed statement included. Answer accordingly, or return an error to
+// have nothing stored. To keep the other writes, run the statement that
+// may fail in a savepoint and roll back to it: the transaction is then
+// live again and commits normally.
+//
+// Two endings are never stored, since idem cannot tell what committed: a
+// transaction the handler ended itself through Conn (sending COMMIT or
+// ROLLBACK, or pgx's Conn.Begin), and one whose connection was lost (the
+// server ended the session: idle_in_transaction_session_timeout, a
+// terminated backend). The engine then answers with a store error and
+// releases the key, so the retry runs the operation again.
 //
 // # Schema
 //
@@ -98,32 +135,31 @@
 // The claim statement calls set_config('synchronous_commit', 'off', true)
 // in a subquery of its INSERT: the setting holds for the claim's own
 // implicit transaction only, whose commit then returns without waiting for
-// its WAL to reach the disk. The business transaction that follows, on
-// whatever connection, commits with the server's setting (on by default).
-// It is safe because:
+// its WAL to reach the disk (a claim that writes nothing, a replay, has
+// nothing to flush anyway). Everything else idempg commits (completions,
+// releases, heartbeats) and the handler's transaction use the session's
+// setting, on by default. The saving is one WAL flush per request.
 //
-//   - WAL is written and flushed in order. The business transaction commits
-//     after the claim did, so its synchronous commit flushes the WAL up to
-//     its own commit record, past the claim's. A completed record, and the
-//     business write beside it, are therefore always durable together.
-//   - If the server crashes before that flush, the claim is lost, and so is
-//     everything that came after it: no business write of that execution
-//     was committed (its commit would have flushed the claim). The key is
-//     simply absent again and the client's retry runs the operation, once.
-//   - Another client may have seen the lost claim and been told 409; it
-//     retries, and the retry runs. Nothing was answered as done that is
-//     not durable.
-//
-// The same reasoning holds for streaming replicas, which receive the WAL in
-// order. The saving is one WAL flush per request: without it the claim
-// waits for the disk as long as the business commit does.
+// What that keeps: PostgreSQL writes and flushes its WAL in order, and a
+// synchronous commit returns once the WAL is on disk up to its own commit
+// record. An execution's completion commits after its claim returned, so
+// it flushes the claim too: a crash never loses a claim whose answer was
+// stored. What a crash of the server (or of its machine) can lose is the
+// claims made since the last flush (at most 3 × wal_writer_delay, 600 ms
+// by default, and none that a synchronous commit, of any session, has
+// flushed since): their executions had neither completed nor been
+// released, and had committed no business write, so after the crash their
+// keys are absent (or back to the expired record a takeover replaced),
+// and a retry runs the operation once. docs/STORES.md has the detail, and the conditions: the business
+// transactions must commit synchronously (synchronous_commit on, the
+// default), as they must for their own writes to survive a crash.
 //
 // # The completion rides with the COMMIT
 //
-// The handler's transaction (Tx(ctx)) is a pgx.Tx that delegates every
-// query to the real transaction (begun on its first query, see below), but whose Commit and Rollback refuse with
-// ErrTxOwned: the end of the transaction belongs to idem. Tx.Complete then
-// sends, in one write and one round trip, the pipeline SELECT
+// The handler's transaction (TxFromContext) is a pgx.Tx that delegates
+// every query to the real transaction (begun on its first query, see
+// below). Complete then sends, in one write and one round trip, the
+// pipeline SELECT
 // idem_complete(…), COMMIT, Sync, which the server answers in one write
 // too. idem_complete (a plpgsql function, migration 0002) updates the
 // record WHERE tenant, key, lease_token and state = 'in_flight', and
@@ -137,16 +173,25 @@
 // and one after: one more write and one more wake-up on both sides of
 // every request, to save one on a rare one.)
 //
+// When a failed statement aborted the transaction, Complete sends ROLLBACK,
+// SELECT idem_complete(…), Sync instead: one round trip that ends the
+// transaction and stores the answer in an implicit transaction of its own,
+// fenced the same way. A handler that wrote nothing, or rolled back, has
+// its answer stored by the same statement alone, through the pool.
+//
 // The connection goes back to the pool only when it is idle (outside any
 // transaction); pgxpool destroys one that a failure left in a transaction,
-// busy or closed. After Complete or Rollback the handler's Tx refuses work
-// with pgx.ErrTxClosed, since its connection may already serve another
-// request.
+// busy or closed. After Complete or Rollback the handler's Tx, and its
+// savepoints, refuse work with pgx.ErrTxClosed, since the connection may
+// already serve another request.
 //
 // # BEGIN rides with the first query
 //
-// Store.Begin only takes a connection from the pool. The BEGIN is sent in
-// front of the handler's first query, in the same round trip (a pgx.Batch
+// Store.Begin takes nothing from the pool: the handler's first query
+// acquires the connection, so a handler that first calls a slow service
+// (a card network) holds none while it waits, and a pool smaller than the
+// number of requests in flight is shared by the ones that query. The
+// BEGIN is sent in front of that first query, in the same round trip (a pgx.Batch
 // begun with BeginTx, whose single Sync is right here: if the query fails,
 // the transaction is begun and aborted, as it would be after a BEGIN of
 // its own). A request through idem therefore costs three round trips:
@@ -158,17 +203,19 @@
 // Statements that cannot carry it (CopyFrom, a savepoint, Exec without
 // arguments, which pgx sends through the simple protocol, LargeObjects,
 // Conn) send the BEGIN by itself first. Prepare needs no transaction. A
-// handler that sends nothing never begins one: its completion commits
-// alone. Beginning late changes nothing the handler can see: PostgreSQL
+// handler that sends nothing takes no connection and begins nothing: its
+// completion is one statement through the pool. Beginning late changes nothing the handler can see: PostgreSQL
 // takes a transaction's snapshot at its first statement, not at BEGIN.
 //
 // # Cost
 //
 // Counted on the wire by TestRoundTrips (one write per round trip):
 //
-//	without idem: BEGIN | INSERT | COMMIT              3 round trips, 1 WAL flush
-//	fresh key:    claim | BEGIN+INSERT | complete+COMMIT 3 round trips, 1 WAL flush
-//	replay:       claim                                1 round trip, no write
+//	without idem:  BEGIN | INSERT | COMMIT                3 round trips, 1 WAL flush
+//	fresh key:     claim | BEGIN+INSERT | complete+COMMIT 3 round trips, 1 WAL flush
+//	replay:        claim                                  1 round trip, no write
+//	no query:      claim | complete                       2 round trips, 1 WAL flush
+//	failed INSERT: claim | BEGIN+INSERT | ROLLBACK+complete 3 round trips, 1 WAL flush
 //
 // BenchmarkBareTx, BenchmarkEngineFresh and BenchmarkEngineReplay measure
 // the same three; the BenchmarkVariant… benchmarks undo one design step

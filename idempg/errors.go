@@ -17,12 +17,6 @@ import (
 // confused with a server error.
 const SQLStateLeaseLost = "IDL01"
 
-// ErrTxOwned is returned by Commit and Rollback on the transaction that
-// Tx(ctx) hands to a handler: idem commits it together with the result, or
-// rolls it back, once the handler returns. A handler that wants its writes
-// undone returns an error instead.
-var ErrTxOwned = errors.New("idempg: the transaction belongs to idem; return from the handler to commit it, or return an error to roll it back")
-
 // interpretError translates driver errors into idem's at the seam, so that
 // callers test with errors.Is and never look at pgx types. The original
 // error stays in the chain.

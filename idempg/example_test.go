@@ -66,7 +66,7 @@ func Example() {
 	createOrder := func(ctx context.Context) (idem.Result, error) {
 		// The insert commits together with the stored result, or not at all.
 		var id int64
-		err := idempg.Tx(ctx).QueryRow(ctx, `INSERT INTO orders (ref) VALUES ('book') RETURNING id`).Scan(&id)
+		err := idempg.TxFromContext(ctx).QueryRow(ctx, `INSERT INTO orders (ref) VALUES ('book') RETURNING id`).Scan(&id)
 		return idem.Result{Status: 201, Body: fmt.Appendf(nil, `{"id":%d}`, id)}, err
 	}
 	op := idem.Operation{Tenant: "customer-42", Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"}

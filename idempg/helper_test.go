@@ -86,6 +86,6 @@ func (e *env) countOrders(t testing.TB, ref string) int {
 
 // insertOrder is the handler's business write, through idem's transaction.
 func insertOrder(ctx context.Context, ref string) error {
-	_, err := idempg.Tx(ctx).Exec(ctx, `INSERT INTO orders (ref) VALUES ($1)`, ref)
+	_, err := idempg.TxFromContext(ctx).Exec(ctx, `INSERT INTO orders (ref) VALUES ($1)`, ref)
 	return err
 }

@@ -2,81 +2,107 @@ package idempg
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/idem-go/idem"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// txKey is the context key of the handler's transaction.
-type txKey struct{}
-
-// Tx returns the transaction of the idem execution running in ctx, for the
-// handler's business writes, or nil outside idem. The writes commit
-// together with the stored result when the handler returns, and roll back
-// with it otherwise. Its Commit and Rollback refuse with ErrTxOwned: idem
-// owns the transaction's end. Nested transactions (savepoints) through its
-// Begin work as in pgx.
-func Tx(ctx context.Context) pgx.Tx {
-	t, _ := ctx.Value(txKey{}).(*handlerTx)
-	if t == nil {
-		return nil
-	}
-	return t
-}
-
-// Begin implements idem.Store: it acquires a connection for the unit of
-// work. The BEGIN itself is not sent yet: it travels in front of the
-// handler's first query (see "BEGIN rides with the first query" in the
-// package documentation).
+// Begin implements idem.Store. It takes nothing from the pool: the
+// connection is acquired at the handler's first query, and the BEGIN
+// travels in front of that query (see "BEGIN rides with the first query"
+// in the package documentation). A handler that calls a slow service
+// before its first query therefore holds no connection while it waits,
+// and one that never queries completes with a single statement.
 func (s *Store) Begin(ctx context.Context) (idem.UnitOfWork, error) {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &unit{conn: conn}, nil
+	u := &unit{store: s}
+	u.handle.u = u
+	return u, nil
 }
 
-// unit is idem's unit of work: a connection held out of the pool until
-// Complete or Rollback ends it, and the transaction on it once begun.
+// The states of a unit of work.
+const (
+	// unitOpen: the handler may use its transaction.
+	unitOpen int32 = iota
+	// unitRolledBack: the handler rolled its transaction back (its
+	// writes are undone and its connection is back in the pool);
+	// Complete stores the answer alone.
+	unitRolledBack
+	// unitEnded: Complete or Rollback ended the unit of work.
+	unitEnded
+)
+
+// unit is idem's unit of work: a connection taken from the pool at the
+// handler's first query, held until Complete or Rollback ends it, and the
+// transaction on it once begun.
 //
 // It holds the connection itself (rather than a pgxpool.Tx) because
 // Complete commits with its own pipelined COMMIT, which pgx's Tx does not
 // know of; releasing a pgxpool.Tx would cost a ROLLBACK round trip.
 type unit struct {
+	store *Store
+	// conn is nil until the handler's first query. A handler, like any
+	// pgx user, uses its transaction from one goroutine at a time, and the
+	// engine completes only after the handler has returned, so conn and
+	// tx need no lock.
 	conn *pgxpool.Conn
 	// tx is nil until the handler's first query begins the transaction.
-	// A handler, like any pgx user, uses its transaction from one
-	// goroutine at a time, and the engine completes only after the
-	// handler has returned, so tx needs no lock.
 	tx pgx.Tx
-	// done is set once the transaction has ended and the connection is
-	// back in the pool; the handler's Tx refuses work from then on, since
-	// the connection may already serve another request.
-	done atomic.Bool
+	// state is unitOpen, unitRolledBack or unitEnded. The handler's Tx
+	// refuses work once it is not unitOpen, since the connection may
+	// already serve another request.
+	state atomic.Int32
+	// handle is what TxFromContext returns, allocated with the unit.
+	handle handlerTx
 }
 
 // Context implements idem.UnitOfWork.
 func (u *unit) Context(ctx context.Context) context.Context {
-	return context.WithValue(ctx, txKey{}, &handlerTx{u: u})
+	u.handle.ctx = ctx
+	return context.WithValue(ctx, txKey{}, &u.handle)
 }
 
 // Rollback implements idem.UnitOfWork. It is harmless after Complete.
 func (u *unit) Rollback(ctx context.Context) error {
-	if !u.done.CompareAndSwap(false, true) {
+	if u.state.Swap(unitEnded) != unitOpen {
+		return nil // ended already, or rolled back by the handler
+	}
+	return u.rollback(ctx)
+}
+
+// rollback ends the transaction, if one was begun, and gives the
+// connection back to the pool.
+func (u *unit) rollback(ctx context.Context) error {
+	if u.conn == nil {
 		return nil
 	}
 	var err error
-	if u.tx != nil {
+	if u.tx != nil && u.conn.Conn().PgConn().TxStatus() != 'I' {
 		// pgx closes the connection when the ROLLBACK fails, and Release
 		// destroys a connection that is not idle, so no transaction leaks
 		// into the pool.
 		err = u.tx.Rollback(ctx)
 	}
 	u.conn.Release()
+	u.conn = nil
 	return err
+}
+
+// connect acquires the unit's connection at its first use.
+func (u *unit) connect(ctx context.Context) (*pgx.Conn, error) {
+	if u.conn == nil {
+		conn, err := u.store.pool.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		u.conn = conn
+	}
+	return u.conn.Conn(), nil
 }
 
 // begin sends BEGIN by itself, for the methods that cannot carry it in
@@ -85,7 +111,11 @@ func (u *unit) begin(ctx context.Context) (pgx.Tx, error) {
 	if u.tx != nil {
 		return u.tx, nil
 	}
-	tx, err := u.conn.Conn().Begin(ctx)
+	conn, err := u.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -97,52 +127,111 @@ func (u *unit) begin(ctx context.Context) (pgx.Tx, error) {
 // returns the results of b's queries: the BEGIN's own result is read
 // already.
 func (u *unit) beginWith(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
+	conn, err := u.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
 	withBegin := &pgx.Batch{}
 	withBegin.BeginTx(pgx.TxOptions{})
 	withBegin.QueuedQueries = append(withBegin.QueuedQueries, b.QueuedQueries...)
-	br := u.conn.Conn().SendBatch(ctx, withBegin)
+	br := conn.SendBatch(ctx, withBegin)
 	// The transaction exists from here on, even if a query of b fails
-	// (it is then aborted, and Complete answers with the error). If the
-	// BEGIN itself failed, pgx hands back a closed transaction.
+	// (it is then aborted, and Complete stores the answer without it).
 	u.tx = br.Tx()
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
+		if conn.PgConn().TxStatus() == 'I' {
+			// The BEGIN did not take effect: no transaction, nothing
+			// written (a closed connection is Complete's to report).
+			u.tx = nil
+		}
 		return nil, err
 	}
 	return beginResults{br}, nil
 }
 
-// handlerTx is the pgx.Tx a handler reaches through Tx(ctx): every query
-// goes to idem's transaction, but its end belongs to idem.
-type handlerTx struct{ u *unit }
+// Errors of the handler's Tx once it can no longer be used.
+var (
+	errHandlerRolledBack = fmt.Errorf("idempg: the handler rolled its transaction back; its answer is stored without its writes: %w", pgx.ErrTxClosed)
+	errUnitEnded         = fmt.Errorf("idempg: the idem execution has ended, and its transaction with it: %w", pgx.ErrTxClosed)
+)
+
+// handlerTx is the pgx.Tx a handler reaches through TxFromContext: every
+// query goes to idem's transaction; Commit is idem's, Rollback the
+// handler's to call.
+type handlerTx struct {
+	u *unit
+	// ctx is the execution's, for Conn and LargeObjects, which take no
+	// context of their own but may have to acquire a connection.
+	ctx context.Context
+}
 
 var _ pgx.Tx = (*handlerTx)(nil)
+
+// usable returns why the handler's Tx, and its savepoints, refuse work,
+// or nil.
+func (u *unit) usable() error {
+	switch u.state.Load() {
+	case unitOpen:
+		return nil
+	case unitRolledBack:
+		return errHandlerRolledBack
+	default:
+		return errUnitEnded
+	}
+}
 
 // Begin starts a pseudo nested transaction (a savepoint), which the
 // handler may commit or roll back itself.
 func (t *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if t.u.done.Load() {
-		return nil, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return nil, err
 	}
 	tx, err := t.u.begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return tx.Begin(ctx)
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &savepointTx{Tx: sp, u: t.u}, nil
 }
 
-// Commit refuses with ErrTxOwned: the transaction commits with the stored
-// result when the handler returns.
-func (t *handlerTx) Commit(ctx context.Context) error { return ErrTxOwned }
+// ErrTxOwned is returned by Commit on the transaction that TxFromContext
+// hands to a handler: it commits together with the stored answer when the
+// handler returns.
+var ErrTxOwned = errors.New("idempg: the transaction commits with the stored answer when the handler returns, not before: " +
+	"return normally to commit the writes with the answer; " +
+	"call Rollback (or idem.RollbackWrites(ctx)) to store the answer without the writes; " +
+	"call idem.NotExecuted(ctx) when the request did nothing, to store nothing and free the key")
 
-// Rollback refuses with ErrTxOwned: a handler that wants its writes undone
-// returns an error, and idem rolls back and releases the key.
-func (t *handlerTx) Rollback(ctx context.Context) error { return ErrTxOwned }
+// Commit refuses with ErrTxOwned and changes nothing: the transaction
+// commits with the stored answer when the handler returns.
+func (t *handlerTx) Commit(ctx context.Context) error {
+	if err := t.usable(); err != nil {
+		return err
+	}
+	return ErrTxOwned
+}
 
-// CopyFrom delegates to the transaction.
+// Rollback rolls the handler's writes back now and gives the connection
+// back to the pool. The handler's answer is still stored, without them,
+// and replayed to every retry; statements on the Tx fail from then on
+// with pgx.ErrTxClosed. It is idem.RollbackWrites, done at once: a payment
+// the card network refused, answered 402, leaves no row behind. Like
+// pgx's, it returns pgx.ErrTxClosed when called again.
+func (t *handlerTx) Rollback(ctx context.Context) error {
+	if !t.u.state.CompareAndSwap(unitOpen, unitRolledBack) {
+		return t.usable()
+	}
+	return t.u.rollback(ctx)
+}
+
+// CopyFrom delegates to the transaction, which it begins first if needed.
 func (t *handlerTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
-	if t.u.done.Load() {
-		return 0, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return 0, err
 	}
 	tx, err := t.u.begin(ctx)
 	if err != nil {
@@ -154,8 +243,8 @@ func (t *handlerTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, colu
 // SendBatch delegates to the transaction. As the first statement of the
 // transaction, it carries the BEGIN.
 func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if t.u.done.Load() {
-		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	if err := t.usable(); err != nil {
+		return pgx.FailedBatchResults(b, err)
 	}
 	if t.u.tx != nil {
 		return t.u.tx.SendBatch(ctx, b)
@@ -168,14 +257,16 @@ func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResult
 }
 
 // LargeObjects delegates to the transaction, which it begins first if
-// needed (without a context: pgx's LargeObjects takes none). Once the
-// transaction has ended, or if it could not begin, every call of the
-// returned LargeObjects fails with pgx.ErrTxClosed.
+// needed. Once the execution has ended, or if the transaction could not
+// begin, every call of the returned LargeObjects fails with
+// pgx.ErrTxClosed. Use it only while the handler runs: a LargeObjects
+// kept past the handler's return reaches a connection that may serve
+// another request.
 func (t *handlerTx) LargeObjects() pgx.LargeObjects {
-	if t.u.done.Load() {
+	if t.usable() != nil {
 		return closedTx().LargeObjects()
 	}
-	tx, err := t.u.begin(context.Background())
+	tx, err := t.u.begin(t.ctx)
 	if err != nil {
 		return closedTx().LargeObjects()
 	}
@@ -191,14 +282,18 @@ func closedTx() pgx.Tx {
 	return pgx.FailedBatchResults(b, pgx.ErrTxClosed).Tx()
 }
 
-// Prepare delegates to the transaction.
+// Prepare delegates to the connection, which it acquires first if needed.
 func (t *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if t.u.done.Load() {
-		return nil, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return nil, err
 	}
 	// Prepared statements belong to the session, not to the transaction:
 	// no need to begin.
-	return t.u.conn.Conn().Prepare(ctx, name, sql)
+	conn, err := t.u.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return conn.Prepare(ctx, name, sql)
 }
 
 // Exec delegates to the transaction. As the first statement of the
@@ -206,8 +301,8 @@ func (t *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stat
 // uses the simple protocol, which may hold several statements that a
 // batch cannot.
 func (t *handlerTx) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.CommandTag, error) {
-	if t.u.done.Load() {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return pgconn.CommandTag{}, err
 	}
 	if t.u.tx != nil || len(arguments) == 0 {
 		tx, err := t.u.begin(ctx)
@@ -230,10 +325,11 @@ func (t *handlerTx) Exec(ctx context.Context, sql string, arguments ...any) (pgc
 }
 
 // Query delegates to the transaction. As the first statement of the
-// transaction, it carries the BEGIN.
+// transaction, it carries the BEGIN. As pgx's, it returns Rows that hold
+// the error when it fails.
 func (t *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.u.done.Load() {
-		return nil, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return errRows{err}, err
 	}
 	if t.u.tx != nil {
 		return t.u.tx.Query(ctx, sql, args...)
@@ -242,12 +338,12 @@ func (t *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 	b.Queue(sql, args...)
 	br, err := t.u.beginWith(ctx, b)
 	if err != nil {
-		return nil, err
+		return errRows{err}, err
 	}
 	rows, err := br.Query()
 	if err != nil {
 		_ = br.Close()
-		return nil, err
+		return errRows{err}, err
 	}
 	return &batchRows{Rows: rows, br: br}, nil
 }
@@ -255,8 +351,8 @@ func (t *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 // QueryRow delegates to the transaction. As the first statement of the
 // transaction, it carries the BEGIN.
 func (t *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if t.u.done.Load() {
-		return errRow{pgx.ErrTxClosed}
+	if err := t.usable(); err != nil {
+		return errRows{err}
 	}
 	if t.u.tx != nil {
 		return t.u.tx.QueryRow(ctx, sql, args...)
@@ -266,20 +362,130 @@ func (t *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 }
 
 // Conn returns the underlying connection, after beginning the transaction
-// if needed (without a context: pgx's Conn takes none). Statements sent on
-// it directly run in the transaction too; ending the transaction through
-// it breaks idem's guarantee. It returns nil once the transaction has
-// ended, since the connection may then serve another request, or if the
-// transaction could not begin.
+// if needed. Statements sent on it directly run in the transaction too.
+// Never end the transaction through it (COMMIT, ROLLBACK, or pgx's
+// Conn.Begin and its Commit): idem can no longer tell whether the writes
+// committed, so it stores nothing, and the retry runs the operation
+// again; call Rollback on the Tx instead. Conn returns nil once the
+// execution has ended or the handler rolled back, since the connection
+// may then serve another request, or if the transaction could not begin;
+// a *pgx.Conn obtained before is not protected so: do not use it after
+// Rollback, nor past the handler's return.
 func (t *handlerTx) Conn() *pgx.Conn {
-	if t.u.done.Load() {
+	if t.usable() != nil {
 		return nil
 	}
-	tx, err := t.u.begin(context.Background())
+	tx, err := t.u.begin(t.ctx)
 	if err != nil {
 		return nil
 	}
 	return tx.Conn()
+}
+
+// savepointTx is a savepoint of the handler's transaction (pgx's pseudo
+// nested transaction), which refuses work once the execution has ended:
+// pgx's own would still reach the connection, back in the pool, since
+// Complete commits without pgx's Tx.
+type savepointTx struct {
+	pgx.Tx
+	u *unit
+}
+
+func (t *handlerTx) usable() error    { return t.u.usable() }
+func (sp *savepointTx) usable() error { return sp.u.usable() }
+
+// Begin starts a savepoint inside this one.
+func (sp *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := sp.usable(); err != nil {
+		return nil, err
+	}
+	inner, err := sp.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &savepointTx{Tx: inner, u: sp.u}, nil
+}
+
+// Commit releases the savepoint.
+func (sp *savepointTx) Commit(ctx context.Context) error {
+	if err := sp.usable(); err != nil {
+		return err
+	}
+	return sp.Tx.Commit(ctx)
+}
+
+// Rollback rolls back to the savepoint: the writes made since it are
+// undone, the transaction goes on (and commits with the answer).
+func (sp *savepointTx) Rollback(ctx context.Context) error {
+	if err := sp.usable(); err != nil {
+		return err
+	}
+	return sp.Tx.Rollback(ctx)
+}
+
+// CopyFrom delegates to the savepoint.
+func (sp *savepointTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
+	if err := sp.usable(); err != nil {
+		return 0, err
+	}
+	return sp.Tx.CopyFrom(ctx, tableName, columnNames, rowSrc)
+}
+
+// SendBatch delegates to the savepoint.
+func (sp *savepointTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := sp.usable(); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return sp.Tx.SendBatch(ctx, b)
+}
+
+// LargeObjects delegates to the savepoint.
+func (sp *savepointTx) LargeObjects() pgx.LargeObjects {
+	if sp.usable() != nil {
+		return closedTx().LargeObjects()
+	}
+	return sp.Tx.LargeObjects()
+}
+
+// Prepare delegates to the savepoint.
+func (sp *savepointTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := sp.usable(); err != nil {
+		return nil, err
+	}
+	return sp.Tx.Prepare(ctx, name, sql)
+}
+
+// Exec delegates to the savepoint.
+func (sp *savepointTx) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.CommandTag, error) {
+	if err := sp.usable(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return sp.Tx.Exec(ctx, sql, arguments...)
+}
+
+// Query delegates to the savepoint.
+func (sp *savepointTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := sp.usable(); err != nil {
+		return errRows{err}, err
+	}
+	return sp.Tx.Query(ctx, sql, args...)
+}
+
+// QueryRow delegates to the savepoint.
+func (sp *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := sp.usable(); err != nil {
+		return errRows{err}
+	}
+	return sp.Tx.QueryRow(ctx, sql, args...)
+}
+
+// Conn returns the underlying connection, or nil once the execution has
+// ended.
+func (sp *savepointTx) Conn() *pgx.Conn {
+	if sp.usable() != nil {
+		return nil
+	}
+	return sp.Tx.Conn()
 }
 
 // beginResults are the results of a batch sent behind a BEGIN, once the
@@ -348,7 +554,18 @@ func (r *firstRow) Scan(dest ...any) error {
 	return r.rows.Err()
 }
 
-// errRow is a pgx.Row that fails with err.
-type errRow struct{ err error }
+// errRows are the pgx.Rows, and pgx.Row, of a query that failed before it
+// was sent: as pgx's, they hold the error, so that callers who check it
+// only on the rows (pgx.CollectRows) see it.
+type errRows struct{ err error }
 
-func (r errRow) Scan(...any) error { return r.err }
+func (r errRows) Close()                                       {}
+func (r errRows) Err() error                                   { return r.err }
+func (r errRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (r errRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (r errRows) Next() bool                                   { return false }
+func (r errRows) Scan(...any) error                            { return r.err }
+func (r errRows) Values() ([]any, error)                       { return nil, r.err }
+func (r errRows) RawValues() [][]byte                          { return nil }
+func (r errRows) Conn() *pgx.Conn                              { return nil }
+func (r errRows) TypeMap() *pgtype.Map                         { return nil }

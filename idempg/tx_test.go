@@ -3,6 +3,8 @@ package idempg_test
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,29 +14,177 @@ import (
 )
 
 func TestTxOutsideIdemIsNil(t *testing.T) {
-	if tx := idempg.Tx(context.Background()); tx != nil {
-		t.Fatalf("Tx outside idem = %v, want nil", tx)
+	if tx := idempg.TxFromContext(context.Background()); tx != nil {
+		t.Fatalf("TxFromContext outside idem = %v, want nil", tx)
 	}
 }
 
-// TestHandlerTxRefusesToEnd checks that the handler cannot commit or roll
-// back idem's transaction, may use savepoints, and cannot use the
-// transaction once idem has ended it (its connection is back in the pool).
-func TestHandlerTxRefusesToEnd(t *testing.T) {
+// TestDBChoosesTheTransaction: DB gives the handler its transaction
+// inside an execution (a write through it rolls back with a failed
+// handler), and the pool outside one (the same write commits at once).
+func TestDBChoosesTheTransaction(t *testing.T) {
 	e := newEnv(t, 2)
 	ctx := context.Background()
-	var leaked pgx.Tx
+	if db := idempg.DB(ctx, e.pool); db != idempg.DBTX(e.pool) {
+		t.Fatalf("DB outside idem = %T, want the pool", db)
+	}
+	if _, err := idempg.DB(ctx, e.pool).Exec(ctx, `INSERT INTO orders (ref) VALUES ('outside')`); err != nil || e.countOrders(t, "outside") != 1 {
+		t.Fatalf("write through DB outside idem: %v, %d rows", err, e.countOrders(t, "outside"))
+	}
+	_, err := mustEngine(t, e.store).Do(ctx, idem.Operation{Tenant: "t", Key: "k"}, func(ctx context.Context) (idem.Result, error) {
+		if _, err := idempg.DB(ctx, e.pool).Exec(ctx, `INSERT INTO orders (ref) VALUES ('inside')`); err != nil {
+			return idem.Result{}, err
+		}
+		if idempg.DB(ctx, e.pool) != idempg.DBTX(idempg.TxFromContext(ctx)) {
+			return idem.Result{}, errors.New("DB inside idem is not TxFromContext")
+		}
+		return idem.Result{}, errors.New("failed after the write")
+	})
+	if err == nil || err.Error() != "failed after the write" {
+		t.Fatalf("Do: %v", err)
+	}
+	if n := e.countOrders(t, "inside"); n != 0 {
+		t.Fatalf("%d rows written through DB survived the failed handler: DB did not use its transaction", n)
+	}
+}
+
+// TestHandlerCommitIsRefused: Commit refuses with an error that says what
+// a handler can do instead, and changes nothing: the write commits with
+// the answer when the handler returns.
+func TestHandlerCommitIsRefused(t *testing.T) {
+	e := newEnv(t, 2)
+	ctx := context.Background()
+	var commitErr error
 	out, err := mustEngine(t, e.store).Do(ctx, idem.Operation{Tenant: "t", Key: "k"}, func(ctx context.Context) (idem.Result, error) {
-		tx := idempg.Tx(ctx)
+		if err := insertOrder(ctx, "kept"); err != nil {
+			return idem.Result{}, err
+		}
+		commitErr = idempg.TxFromContext(ctx).Commit(ctx)
+		if err := insertOrder(ctx, "after"); err != nil {
+			return idem.Result{}, err
+		}
+		return idem.Result{Status: 201}, nil
+	})
+	if err != nil || out.Result.Status != 201 {
+		t.Fatalf("Do: %+v, %v", out, err)
+	}
+	if !errors.Is(commitErr, idempg.ErrTxOwned) {
+		t.Fatalf("Commit = %v, want ErrTxOwned", commitErr)
+	}
+	for _, says := range []string{"return normally", "Rollback", "idem.RollbackWrites(ctx)", "idem.NotExecuted(ctx)"} {
+		if !strings.Contains(commitErr.Error(), says) {
+			t.Errorf("Commit's error does not name %q: %v", says, commitErr)
+		}
+	}
+	if e.countOrders(t, "kept") != 1 || e.countOrders(t, "after") != 1 {
+		t.Fatal("the writes around the refused Commit did not commit with the answer")
+	}
+}
+
+// TestHandlerRollback: a handler that rolls back its transaction and
+// answers 402 has its writes undone at once (another connection sees no
+// row, and the pool has its connection back, before the handler
+// returns), later statements on the Tx fail with pgx.ErrTxClosed, and
+// its answer is stored and replayed: retries sent at the same instant
+// run nothing.
+func TestHandlerRollback(t *testing.T) {
+	e := newEnv(t, 4)
+	ctx := context.Background()
+	eng := mustEngine(t, e.store)
+	var runs atomic.Int32
+	var during struct {
+		rollbackErr, after, again error
+		seen                      int
+		acquired                  int32
+	}
+	pay := func(ctx context.Context) (idem.Result, error) {
+		if runs.Add(1) > 1 {
+			// A retry that ran again; its caller reports it.
+			return idem.Result{Status: 402, Body: []byte("card declined")}, nil
+		}
+		tx := idempg.TxFromContext(ctx)
+		if err := insertOrder(ctx, "refused"); err != nil {
+			return idem.Result{}, err
+		}
+		during.rollbackErr = tx.Rollback(ctx) // the card network said no
+		during.seen = e.countOrders(t, "refused")
+		during.acquired = e.pool.Stat().AcquiredConns()
+		_, during.after = tx.Exec(ctx, `INSERT INTO orders (ref) VALUES ($1)`, "after-rollback")
+		during.again = tx.Rollback(ctx)
+		return idem.Result{Status: 402, Body: []byte("card declined")}, nil
+	}
+	op := idem.Operation{Tenant: "t", Key: "pay-1", Fingerprint: []byte("fp")}
+	out, err := eng.Do(ctx, op, pay)
+	if err != nil || out.Result.Status != 402 || out.Replayed {
+		t.Fatalf("Do: %+v, %v", out, err)
+	}
+	if during.rollbackErr != nil {
+		t.Fatalf("Rollback: %v", during.rollbackErr)
+	}
+	if during.seen != 0 {
+		t.Fatalf("%d rows visible after the handler's Rollback, before it returned: want them undone at once", during.seen)
+	}
+	if during.acquired != 0 {
+		t.Fatalf("%d pool connections held after the handler's Rollback, want 0", during.acquired)
+	}
+	if !errors.Is(during.after, pgx.ErrTxClosed) || !errors.Is(during.again, pgx.ErrTxClosed) {
+		t.Fatalf("Exec after Rollback: %v; Rollback again: %v; want pgx.ErrTxClosed", during.after, during.again)
+	}
+	if n := e.countOrders(t, "refused") + e.countOrders(t, "after-rollback"); n != 0 {
+		t.Fatalf("%d rows committed after the handler rolled back", n)
+	}
+	rec, err := e.store.Get(ctx, "t", "pay-1")
+	if err != nil || rec.State != idem.StateComplete || rec.Result.Status != 402 || string(rec.Result.Body) != "card declined" {
+		t.Fatalf("record: %+v, %v; want complete with the 402", rec, err)
+	}
+	outs := make([]idem.Outcome, 8)
+	errs := make([]error, 8)
+	atOnce(8, func(i int) { outs[i], errs[i] = eng.Do(ctx, op, pay) })
+	for i := range outs {
+		if errs[i] != nil || !outs[i].Replayed || outs[i].Result.Status != 402 {
+			t.Fatalf("retry %d: %+v, %v; want the 402 replayed", i, outs[i], errs[i])
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+}
+
+// TestHandlerRollbackBeforeAnyQuery: a Rollback before the first query
+// has nothing to undo, takes no connection, and the answer is stored.
+func TestHandlerRollbackBeforeAnyQuery(t *testing.T) {
+	e := newEnv(t, 1)
+	ctx := context.Background()
+	var execErr error
+	out, err := mustEngine(t, e.store).Do(ctx, idem.Operation{Tenant: "t", Key: "k"}, func(ctx context.Context) (idem.Result, error) {
+		if err := idempg.TxFromContext(ctx).Rollback(ctx); err != nil {
+			return idem.Result{}, err
+		}
+		_, execErr = idempg.DB(ctx, e.pool).Exec(ctx, `INSERT INTO orders (ref) VALUES ('x')`)
+		return idem.Result{Status: 422}, nil
+	})
+	if err != nil || out.Result.Status != 422 {
+		t.Fatalf("Do: %+v, %v", out, err)
+	}
+	if !errors.Is(execErr, pgx.ErrTxClosed) {
+		t.Fatalf("write through DB after Rollback: %v, want pgx.ErrTxClosed", execErr)
+	}
+	if rec, err := e.store.Get(ctx, "t", "k"); err != nil || rec.State != idem.StateComplete || rec.Result.Status != 422 {
+		t.Fatalf("record: %+v, %v", rec, err)
+	}
+}
+
+// TestHandlerTxEndsWithTheExecution: savepoints work inside the handler
+// (one rolled back undoes only its own writes), and neither the Tx nor a
+// savepoint can be used once the execution has ended, since their
+// connection is back in the pool.
+func TestHandlerTxEndsWithTheExecution(t *testing.T) {
+	e := newEnv(t, 2)
+	ctx := context.Background()
+	var leaked, leakedSavepoint pgx.Tx
+	out, err := mustEngine(t, e.store).Do(ctx, idem.Operation{Tenant: "t", Key: "k"}, func(ctx context.Context) (idem.Result, error) {
+		tx := idempg.TxFromContext(ctx)
 		leaked = tx
-		if err := tx.Commit(ctx); !errors.Is(err, idempg.ErrTxOwned) {
-			return idem.Result{}, errors.New("Commit did not refuse")
-		}
-		if err := tx.Rollback(ctx); !errors.Is(err, idempg.ErrTxOwned) {
-			return idem.Result{}, errors.New("Rollback did not refuse")
-		}
-		// A savepoint the handler rolls back itself: its write goes, the
-		// write before it stays.
 		if err := insertOrder(ctx, "kept"); err != nil {
 			return idem.Result{}, err
 		}
@@ -48,19 +198,41 @@ func TestHandlerTxRefusesToEnd(t *testing.T) {
 		if err := sp.Rollback(ctx); err != nil {
 			return idem.Result{}, err
 		}
+		if leakedSavepoint, err = tx.Begin(ctx); err != nil {
+			return idem.Result{}, err
+		}
+		if _, err := leakedSavepoint.Exec(ctx, `INSERT INTO orders (ref) VALUES ('in-savepoint')`); err != nil {
+			return idem.Result{}, err
+		}
 		return idem.Result{Status: 201}, nil
 	})
 	if err != nil || out.Result.Status != 201 {
 		t.Fatalf("Do: %+v, %v", out, err)
 	}
-	if e.countOrders(t, "kept") != 1 || e.countOrders(t, "undone") != 0 {
-		t.Fatal("savepoint: want the write before it kept and the one inside it undone")
+	if e.countOrders(t, "kept") != 1 || e.countOrders(t, "undone") != 0 || e.countOrders(t, "in-savepoint") != 1 {
+		t.Fatal("savepoints: want the write before them and the one in the open savepoint kept, the one rolled back undone")
 	}
 	if _, err := leaked.Exec(ctx, `SELECT 1`); !errors.Is(err, pgx.ErrTxClosed) {
 		t.Fatalf("Exec on the ended transaction: %v, want pgx.ErrTxClosed", err)
 	}
 	if err := leaked.QueryRow(ctx, `SELECT 1`).Scan(new(int)); !errors.Is(err, pgx.ErrTxClosed) {
 		t.Fatalf("QueryRow on the ended transaction: %v, want pgx.ErrTxClosed", err)
+	}
+	rows, _ := leaked.Query(ctx, `SELECT 1`) // pgx's manner: the error rides on the rows
+	if _, err := pgx.CollectRows(rows, pgx.RowTo[int]); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("rows of Query on the ended transaction: %v, want pgx.ErrTxClosed", err)
+	}
+	if _, err := leakedSavepoint.Exec(ctx, `INSERT INTO orders (ref) VALUES ('after-end')`); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("Exec on a savepoint of the ended transaction: %v, want pgx.ErrTxClosed", err)
+	}
+	if err := leakedSavepoint.Commit(ctx); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("Commit of a savepoint of the ended transaction: %v, want pgx.ErrTxClosed", err)
+	}
+	if n := e.countOrders(t, "after-end"); n != 0 {
+		t.Fatalf("a savepoint kept past the handler wrote %d rows outside any execution", n)
+	}
+	if err := leaked.Rollback(ctx); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("Rollback of the ended transaction: %v, want pgx.ErrTxClosed", err)
 	}
 }
 
@@ -171,7 +343,7 @@ func TestBusinessTxSynchronousCommit(t *testing.T) {
 	ctx := context.Background()
 	var inHandler string
 	_, err := mustEngine(t, e.store).Do(ctx, idem.Operation{Tenant: "t", Key: "k"}, func(ctx context.Context) (idem.Result, error) {
-		err := idempg.Tx(ctx).QueryRow(ctx, `SHOW synchronous_commit`).Scan(&inHandler)
+		err := idempg.TxFromContext(ctx).QueryRow(ctx, `SHOW synchronous_commit`).Scan(&inHandler)
 		return idem.Result{Status: 200}, err
 	})
 	if err != nil {

@@ -126,12 +126,12 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 		return &database{
 			store: idempg.New(pool),
 			insert: func(ctx context.Context, o Order) error {
-				_, err := idempg.Tx(ctx).Exec(ctx, `INSERT INTO orders (order_id, customer, total_cents) VALUES ($1, $2, $3)`,
+				_, err := idempg.TxFromContext(ctx).Exec(ctx, `INSERT INTO orders (order_id, customer, total_cents) VALUES ($1, $2, $3)`,
 					o.OrderID, o.Customer, o.TotalCents)
 				return err
 			},
 			deadLetter: func(ctx context.Context, id, cause string, payload []byte) error {
-				_, err := idempg.Tx(ctx).Exec(ctx, `INSERT INTO order_dead_letters (message_id, error, payload) VALUES ($1, $2, $3)`,
+				_, err := idempg.TxFromContext(ctx).Exec(ctx, `INSERT INTO order_dead_letters (message_id, error, payload) VALUES ($1, $2, $3)`,
 					id, cause, string(payload))
 				return err
 			},

@@ -124,17 +124,23 @@ func measureCosts(ctx context.Context, db *database, n int) ([]cost, error) {
 		{"engine: claim; BEGIN+INSERT; complete+COMMIT", func() error {
 			k := key()
 			_, err := engine.Do(ctx, idem.Operation{Tenant: tenant, Key: k, Fingerprint: fingerprint},
-				func(ctx context.Context) (idem.Result, error) { return result, insert(ctx, idempg.Tx(ctx), k) })
+				func(ctx context.Context) (idem.Result, error) {
+					return result, insert(ctx, idempg.TxFromContext(ctx), k)
+				})
 			return err
 		}},
 		{"engine: replay", func() error {
 			_, err := engine.Do(ctx, idem.Operation{Tenant: tenant, Key: replayKey, Fingerprint: fingerprint},
-				func(ctx context.Context) (idem.Result, error) { return result, insert(ctx, idempg.Tx(ctx), replayKey) })
+				func(ctx context.Context) (idem.Result, error) {
+					return result, insert(ctx, idempg.TxFromContext(ctx), replayKey)
+				})
 			return err
 		}},
 	}
 	if _, err := engine.Do(ctx, idem.Operation{Tenant: tenant, Key: replayKey, Fingerprint: fingerprint},
-		func(ctx context.Context) (idem.Result, error) { return result, insert(ctx, idempg.Tx(ctx), replayKey) }); err != nil {
+		func(ctx context.Context) (idem.Result, error) {
+			return result, insert(ctx, idempg.TxFromContext(ctx), replayKey)
+		}); err != nil {
 		return nil, err
 	}
 	var out []cost

@@ -317,7 +317,7 @@ func idemRoute(pool *pgxpool.Pool, config *idempg.Config) (http.Handler, error) 
 	// Under idemhttp the transaction belongs to the engine: the handler
 	// writes through it and never commits.
 	engineTx := func(ctx context.Context, fn func(querier) error) error {
-		return fn(idempg.Tx(ctx))
+		return fn(idempg.TxFromContext(ctx))
 	}
 	return mw.Handler(createOrder(engineTx)), nil
 }

@@ -216,7 +216,7 @@ func newPostgres(t *testing.T) *database {
 			store: idempg.New(pool),
 			insertTx: func(ctx context.Context, o order) (int64, error) {
 				var id int64
-				err := idempg.Tx(ctx).QueryRow(ctx,
+				err := idempg.TxFromContext(ctx).QueryRow(ctx,
 					`INSERT INTO orders (tenant, idem_key, item) VALUES ($1, $2, $3) RETURNING id`,
 					o.Tenant, o.Key, o.Item).Scan(&id)
 				return id, err

@@ -43,7 +43,7 @@ func postgresAt(t testing.TB, url string, create bool) *Backend {
 		Transactional: true,
 		NewStore:      func(t testing.TB) idem.Store { return idempg.New(open(t)) },
 		Insert: func(ctx context.Context, table, id, note string) error {
-			_, err := idempg.Tx(ctx).Exec(ctx, `INSERT INTO `+table+` (id, note) VALUES ($1, $2)`, id, note)
+			_, err := idempg.TxFromContext(ctx).Exec(ctx, `INSERT INTO `+table+` (id, note) VALUES ($1, $2)`, id, note)
 			return err
 		},
 		Rows: func(t testing.TB, table string) []string {
