@@ -83,7 +83,7 @@ func TestSameLocationForAFreshKeyFails(t *testing.T) {
 	if l := line(t, out, "4"); code != idemcheck.ExitFail || !strings.HasPrefix(l, "FAIL") || !strings.Contains(l, "same resource") {
 		t.Fatalf("exit %d, check 4: %s\n%s", code, l, out)
 	}
-	if l := line(t, out, "1"); !strings.HasPrefix(l, "PASS") {
+	if l := line(t, out, "1"); strings.HasPrefix(l, "FAIL") {
 		t.Fatalf("check 1: %s", l)
 	}
 }
@@ -114,7 +114,7 @@ func TestNothingProvenIsNotAPass(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	code, out, _ := run(t, srv.URL+"/jobs")
-	if code != idemcheck.ExitFail || !strings.Contains(out, "0 passed") || !strings.Contains(out, "nothing proven") {
+	if code != idemcheck.ExitFail || !strings.Contains(out, "NOT PROVEN: 0 passed") || !strings.Contains(out, "not proven:") {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
 }
