@@ -89,7 +89,7 @@ func TestBodiesDifferingPastTheKeptPart(t *testing.T) {
 }
 
 func TestCountList(t *testing.T) {
-	big := "[" + strings.Repeat(`{"id":"ord_1","items":[1,2,{"x":[]}]},`, 99999) + `{"id":"last"}]`
+	big := "[" + strings.Repeat(`{"id":"ord_1","items":[1,2,{"x":[]}]},`, 19999) + `{"id":"last"}]`
 	cases := []struct {
 		in   string
 		want int
@@ -99,7 +99,7 @@ func TestCountList(t *testing.T) {
 		{`[1, "two", {"three": [3]}, [4], null]`, 5, true},
 		{`{"object":"list","has_more":false,"data":[{"id":1},{"id":2}]}`, 2, true},
 		{`{"meta":{"data":[1,2,3]},"data":[{}]}`, 1, true},
-		{big, 100000, true},
+		{big, 20000, true},
 		{`{"items":[]}`, 0, false},
 		{`{"data":3}`, 0, false},
 		{`"text"`, 0, false},

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/idem-go/idem/idemcheck"
 )
@@ -23,15 +22,17 @@ func chargeServer(t *testing.T) (*httptest.Server, *atomic.Int64) {
 	var charges atomic.Int64
 	var mu sync.Mutex
 	done := map[string]bool{}
+	race := newRaceWindow()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("Idempotency-Key")
 		mu.Lock()
 		seen := done[key]
+		race.looked(key)
 		mu.Unlock()
 		if seen {
 			w.Header().Set("Idempotent-Replayed", "true")
 		} else {
-			time.Sleep(50 * time.Millisecond)
+			race.work(t, key)
 			charges.Add(1)
 			mu.Lock()
 			done[key] = true

@@ -38,6 +38,12 @@ func (s *seen) add(r *http.Request) int {
 	return len(s.keys)
 }
 
+func (s *seen) snapshot() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.keys...)
+}
+
 func (s *seen) count() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -271,6 +277,10 @@ func TestConnectionErrorIsRetriedWithSameKey(t *testing.T) {
 	}
 }
 
+// The first attempt is stuck; the Transport gives it up after
+// AttemptTimeout and retries with the same key. On a busy machine a later
+// attempt may time out too: every attempt but the last must have timed
+// out, and the last got the answer.
 func TestAttemptTimeoutRetriesWithSameKey(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
@@ -287,7 +297,8 @@ func TestAttemptTimeoutRetriesWithSameKey(t *testing.T) {
 	}))
 	defer srv.Close()
 	tp := fastTransport()
-	tp.AttemptTimeout = 50 * time.Millisecond
+	tp.AttemptTimeout = 100 * time.Millisecond
+	tp.MaxAttempts = 20
 	var tr Trace
 	req, _ := http.NewRequestWithContext(WithTrace(context.Background(), &tr), http.MethodPost, srv.URL, strings.NewReader("x"))
 	resp, err := NewClient(tp).Do(req)
@@ -295,14 +306,19 @@ func TestAttemptTimeoutRetriesWithSameKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated || tr.Attempts != 2 {
-		t.Fatalf("got %d after %d attempts, want 201 after 2", resp.StatusCode, tr.Attempts)
+	if resp.StatusCode != http.StatusCreated || tr.Attempts < 2 {
+		t.Fatalf("got %d after %d attempts, want 201 after at least 2", resp.StatusCode, tr.Attempts)
 	}
-	if !errors.Is(tr.History[0].Err, ErrAttemptTimeout) {
-		t.Errorf("first attempt error %v, want ErrAttemptTimeout", tr.History[0].Err)
+	for i, a := range tr.History[:len(tr.History)-1] {
+		if !errors.Is(a.Err, ErrAttemptTimeout) {
+			t.Errorf("attempt %d: %+v, want ErrAttemptTimeout", i+1, a)
+		}
 	}
-	if s.keys[0] != s.keys[1] {
-		t.Errorf("keys %q differ", s.keys)
+	keys := s.snapshot()
+	for _, k := range keys {
+		if k != tr.Key {
+			t.Errorf("keys %q, want %q on every attempt", keys, tr.Key)
+		}
 	}
 }
 
@@ -524,8 +540,11 @@ func TestInFlightBudget(t *testing.T) {
 	}
 	t.Run("bounded", func(t *testing.T) {
 		srv, arrived := arrivals(t, conflict(""))
-		const budget = 100 * time.Millisecond
-		tp := &Transport{BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond, MaxAttempts: 2, InFlightTimeout: budget}
+		// MaxAttempts 1: any retry at all shows that 409s do not spend
+		// it. The first 409 always leaves the whole budget, so there is
+		// always one, however slow the machine.
+		const budget = 300 * time.Millisecond
+		tp := &Transport{BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond, MaxAttempts: 1, InFlightTimeout: budget}
 		var tr Trace
 		req, _ := http.NewRequestWithContext(WithTrace(context.Background(), &tr), http.MethodPost, srv.URL, strings.NewReader("x"))
 		resp, err := NewClient(tp).Do(req)
@@ -533,8 +552,8 @@ func TestInFlightBudget(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusConflict || tr.Attempts <= 2 || len(arrived()) != tr.Attempts {
-			t.Fatalf("got %d after %d attempts, want 409 after more than MaxAttempts (2)", resp.StatusCode, tr.Attempts)
+		if resp.StatusCode != http.StatusConflict || tr.Attempts < 2 || len(arrived()) != tr.Attempts {
+			t.Fatalf("got %d after %d attempts, want 409 after more than MaxAttempts (1)", resp.StatusCode, tr.Attempts)
 		}
 		var paused time.Duration
 		for _, a := range tr.History {
