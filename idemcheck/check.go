@@ -399,6 +399,7 @@ func (c *checker) run(ctx context.Context) (*Report, error) {
 		switch {
 		case r.Status == Fail:
 			failed = true
+			r.Unproven = "" // a failure was observed: nothing left unproven
 		case r.proven():
 			rep.Proven = append(rep.Proven, claim)
 		default:
