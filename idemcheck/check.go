@@ -3,16 +3,13 @@ package idemcheck
 import (
 	"bytes"
 	"context"
-	"encoding/json"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
-	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -37,9 +34,6 @@ const (
 // maxDetails bounds the evidence lines of one check.
 const maxDetails = 8
 
-// maxBody bounds what is read of an answer to compare it.
-const maxBody = 4 << 20
-
 // ErrUnreachable is wrapped by the error Check returns when the target
 // answered none of the requests (connection refused, DNS failure, every
 // request timed out).
@@ -48,7 +42,8 @@ var ErrUnreachable = errors.New("cannot reach")
 // Config says what to check. URL is required; every zero field means its
 // documented default.
 type Config struct {
-	// URL is the endpoint under test, http or https.
+	// URL is the endpoint under test, http or https. A password in it is
+	// never printed: reports and errors show it as xxxxx.
 	URL string
 
 	// Method defaults to POST.
@@ -72,15 +67,28 @@ type Config struct {
 
 	// CountURL, when set, is fetched with GET before and after the
 	// requests; its answer, a JSON array (or an object with a "data"
-	// array), counts the resources. Enables check 5.
+	// array), counts the resources. Without it no run can show that
+	// duplicates ran once: checks 1, 5 and 6 need it, and a run without
+	// it never passes.
 	CountURL string
 
 	// Timeout bounds each request. Defaults to 10s.
 	Timeout time.Duration
 
+	// DisconnectAfter is how long after check 6 has sent its first request
+	// it cuts the connection. Defaults to zero: at once, so that the server
+	// reads a request whose client is already gone. Set it to about half
+	// the handler's time to cut a slow handler midway.
+	DisconnectAfter time.Duration
+
+	// InFlightWait bounds how long check 6 keeps retrying while answered
+	// 409, counted from the first 409. Defaults to 30s.
+	InFlightWait time.Duration
+
 	// Client sends the requests. Defaults to a client with Timeout, a
-	// connection pool sized for Concurrency, and redirects not followed
-	// (a 303 is an answer to compare, not a hop to take).
+	// connection pool sized for Concurrency, answers' headers bounded to
+	// 64 KiB, and redirects not followed (a 303 is an answer to compare,
+	// not a hop to take).
 	Client *http.Client
 
 	// KeyFunc makes the keys. Defaults to random UUIDv4s.
@@ -98,9 +106,10 @@ const (
 	Skip Status = "skip"
 )
 
-// Result is the outcome of one check.
+// Result is the outcome of one check. Its strings hold nothing the server
+// sent unescaped, and no password.
 type Result struct {
-	// ID is the check's number, 1 to 5, as in the package documentation.
+	// ID is the check's number, 1 to 6, as in the package documentation.
 	ID int `json:"id"`
 	// Name names the check.
 	Name string `json:"name"`
@@ -113,32 +122,58 @@ type Result struct {
 	// first differing byte.
 	Details []string `json:"details,omitempty"`
 	// Statuses counts the answers by status code; "error" counts requests
-	// that got no answer.
+	// that got no answer, "cut" the request check 6 cut.
 	Statuses map[string]int `json:"statuses,omitempty"`
+	// Unproven, set on a check that did not fail, says why what it checks
+	// was not observed, and what would let it be.
+	Unproven string `json:"unproven,omitempty"`
+}
+
+// proven says whether the check observed what it checks.
+func (r *Result) proven() bool {
+	return (r.Status == Pass || r.Status == Warn) && r.Unproven == ""
 }
 
 // Report is the outcome of Check.
 type Report struct {
-	URL         string   `json:"url"`
+	URL         string   `json:"url"` // password replaced by xxxxx
 	Method      string   `json:"method"`
 	Concurrency int      `json:"concurrency"`
-	Keys        []string `json:"keys"` // the keys used: check 1–3's, then check 4's
+	Keys        []string `json:"keys"` // the keys used: check 1–3's, check 4's, then check 6's
 	Results     []Result `json:"checks"`
-	// Passed is true when no check failed and at least one passed.
+	// Proven lists what the run observed the endpoint to do, one claim
+	// per check.
+	Proven []string `json:"proven"`
+	// NotProven lists the claims the run could not observe, each with
+	// what would let it.
+	NotProven []string `json:"not_proven,omitempty"`
+	// Passed is true when no check failed and one execution per key was
+	// observed: counted through CountURL (check 1 and check 5 proven).
 	Passed bool `json:"passed"`
 }
 
-// Check runs the five checks against config.URL, in order. It returns an
+// claims are what each check proves when it passes.
+var claims = map[int]string{
+	1: "duplicates at one instant ran once",
+	2: "a retry after completion gets the stored answer",
+	3: "a key reused with another body is refused",
+	4: "a fresh key runs the operation again",
+	5: "one resource per key",
+	6: "a retry after a disconnect does not run the operation again",
+}
+
+// Check runs the six checks against config.URL, in order. It returns an
 // error, and no report, when the configuration is unusable or the target
 // cannot be reached (wrapping ErrUnreachable); a target that answers
 // wrongly gives a report with failed checks, not an error.
 func Check(ctx context.Context, config Config) (*Report, error) {
 	c, err := newChecker(config)
 	if err != nil {
-		return nil, err
+		return nil, safeErr(err)
 	}
 	defer c.closeIdle()
-	return c.run(ctx)
+	rep, err := c.run(ctx)
+	return rep, safeErr(err)
 }
 
 type checker struct {
@@ -183,6 +218,12 @@ func newChecker(config Config) (*checker, error) {
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultTimeout
 	}
+	if c.DisconnectAfter < 0 {
+		return nil, fmt.Errorf("disconnect delay must not be negative, got %v", c.DisconnectAfter)
+	}
+	if c.InFlightWait <= 0 {
+		c.InFlightWait = DefaultInFlightWait
+	}
 	if c.Client == nil {
 		c.Client = newHTTPClient(c.Timeout, c.Concurrency)
 		c.ownClient = true
@@ -196,10 +237,14 @@ func newChecker(config Config) (*checker, error) {
 func validURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("bad URL %q: %v", raw, err)
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the rest quotes the URL, password included
+		}
+		return fmt.Errorf("bad URL %q: %v", redactText(raw), err)
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("bad URL %q: want http://host/path or https://host/path", raw)
+		return fmt.Errorf("bad URL %q: want http://host/path or https://host/path", u.Redacted())
 	}
 	return nil
 }
@@ -208,6 +253,7 @@ func newHTTPClient(timeout time.Duration, conns int) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns = conns * 2
 	tr.MaxIdleConnsPerHost = conns * 2
+	tr.MaxResponseHeaderBytes = maxHeaderBytes
 	return &http.Client{
 		Transport:     tr,
 		Timeout:       timeout,
@@ -215,41 +261,10 @@ func newHTTPClient(timeout time.Duration, conns int) *http.Client {
 	}
 }
 
-// answer is what one request got back.
-type answer struct {
-	status int
-	header http.Header
-	body   []byte
-	err    error
-}
-
-func (a *answer) success() bool { return a.err == nil && a.status >= 200 && a.status < 400 }
-func (a *answer) replayed() bool {
-	return a.err == nil && strings.EqualFold(strings.TrimSpace(a.header.Get(headerReplayed)), "true")
-}
-
-func (a *answer) statusText() string {
-	if a.err != nil {
-		return "error"
-	}
-	return strconv.Itoa(a.status)
-}
-
-func (a *answer) describe() string {
-	if a.err != nil {
-		return "error: " + errText(a.err)
-	}
-	s := strconv.Itoa(a.status)
-	if loc := a.header.Get("Location"); loc != "" {
-		s += " Location " + loc
-	}
-	return s + " body " + clip(a.body)
-}
-
-func (c *checker) send(ctx context.Context, key string, body []byte) answer {
+func (c *checker) newRequest(ctx context.Context, key string, body []byte) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, c.Method, c.URL, bytes.NewReader(body))
 	if err != nil {
-		return answer{err: err}
+		return nil, err
 	}
 	for name, values := range c.Header {
 		req.Header[name] = values
@@ -260,85 +275,60 @@ func (c *checker) send(ctx context.Context, key string, body []byte) answer {
 	if key != "" {
 		req.Header.Set(c.KeyHeader, key)
 	}
-	return c.do(req)
+	return req, nil
 }
 
-func (c *checker) do(req *http.Request) answer {
+func (c *checker) send(ctx context.Context, key string, body []byte) answer {
+	req, err := c.newRequest(ctx, key, body)
+	if err != nil {
+		return answer{err: err}
+	}
 	resp, err := c.Client.Do(req)
 	if err != nil {
 		return answer{err: err}
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	if err != nil {
-		return answer{err: fmt.Errorf("reading the answer: %w", err)}
-	}
-	return answer{status: resp.StatusCode, header: resp.Header, body: body}
+	return readAnswer(resp)
 }
 
-// count fetches CountURL and counts the resources it lists.
-func (c *checker) count(ctx context.Context) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.CountURL, nil)
+// counter takes the counts of CountURL through a run; the first failure
+// stops it.
+type counter struct {
+	c   *checker
+	n   []int
+	err error
+}
+
+func (k *counter) take(ctx context.Context) {
+	if k.c.CountURL == "" || k.err != nil {
+		return
+	}
+	n, err := k.c.count(ctx)
 	if err != nil {
-		return 0, err
+		k.err = err
+		return
 	}
-	for name, values := range c.Header {
-		if name != "Content-Type" {
-			req.Header[name] = values
-		}
+	k.n = append(k.n, n)
+}
+
+// last is the latest count, false when there is none.
+func (k *counter) last() (int, bool) {
+	if k.err != nil || len(k.n) == 0 {
+		return 0, false
 	}
-	a := c.do(req)
-	if a.err != nil {
-		return 0, a.err
-	}
-	if a.status != http.StatusOK {
-		return 0, fmt.Errorf("GET %s answered %d", c.CountURL, a.status)
-	}
-	// A list may be cut to a page; X-Total-Count, where the API sends it,
-	// counts them all.
-	if total := a.header.Get("X-Total-Count"); total != "" {
-		n, err := strconv.Atoi(strings.TrimSpace(total))
-		if err != nil || n < 0 {
-			return 0, fmt.Errorf("GET %s: X-Total-Count %q is not a count", c.CountURL, total)
-		}
-		return n, nil
-	}
-	var list []json.RawMessage
-	if err := json.Unmarshal(a.body, &list); err != nil {
-		var obj struct {
-			Data []json.RawMessage `json:"data"`
-		}
-		if err2 := json.Unmarshal(a.body, &obj); err2 != nil || obj.Data == nil {
-			return 0, fmt.Errorf("GET %s: want a JSON array (or an object with a \"data\" array): %v", c.CountURL, err)
-		}
-		list = obj.Data
-	}
-	return len(list), nil
+	return k.n[len(k.n)-1], true
 }
 
 func (c *checker) run(ctx context.Context) (*Report, error) {
-	key1, key2 := c.KeyFunc(), c.KeyFunc()
-	rep := &Report{URL: c.URL, Method: c.Method, Concurrency: c.Concurrency, Keys: []string{key1, key2}}
+	key1, key2, key3 := c.KeyFunc(), c.KeyFunc(), c.KeyFunc()
+	rep := &Report{URL: safeText(redactURL(c.URL)), Method: safeText(c.Method), Concurrency: c.Concurrency, Keys: []string{key1, key2}}
 
-	var counts []int // before, after key 1, after key 2
-	var countErr error
-	countNow := func() {
-		if c.CountURL == "" || countErr != nil {
-			return
+	counts := &counter{c: c}
+	counts.take(ctx) // before
+	if counts.err != nil {
+		if errors.As(counts.err, new(*url.Error)) {
+			return nil, fmt.Errorf("%w %s: %s", ErrUnreachable, redactURL(c.CountURL), errText(counts.err))
 		}
-		n, err := c.count(ctx)
-		if err != nil {
-			countErr = err
-			return
-		}
-		counts = append(counts, n)
-	}
-	countNow()
-	if countErr != nil {
-		if errors.As(countErr, new(*url.Error)) {
-			return nil, fmt.Errorf("%w %s: %s", ErrUnreachable, c.CountURL, errText(countErr))
-		}
-		return nil, countErr
+		return nil, counts.err
 	}
 
 	answers := c.fireTogether(ctx, key1)
@@ -346,8 +336,11 @@ func (c *checker) run(ctx context.Context) (*Report, error) {
 		return nil, context.Cause(ctx)
 	}
 	if err := allFailed(answers); err != nil {
-		return nil, fmt.Errorf("%w %s: %s", ErrUnreachable, c.URL, errText(err))
+		return nil, fmt.Errorf("%w %s: %s", ErrUnreachable, redactURL(c.URL), errText(err))
 	}
+	before1, _ := counts.last()
+	counts.take(ctx) // after check 1
+	after1, counted1 := counts.last()
 	r1, original := judgeConcurrent(answers)
 	retry := c.send(ctx, key1, c.Body)
 	if unmarked := countUnmarked(answers); unmarked > 1 && retry.success() && retry.replayed() {
@@ -357,6 +350,7 @@ func (c *checker) run(ctx context.Context) (*Report, error) {
 		r1.Evidence = fmt.Sprintf("%d requests at once: %s; %d successful answers not marked %s, from a server that marks its replays (check 2): the operation ran %d times",
 			len(answers), tallyStatuses(r1.Statuses), unmarked, headerReplayed, unmarked)
 	}
+	countConcurrent(&r1, c.CountURL != "", counted1, after1-before1)
 	rep.Results = append(rep.Results, r1)
 
 	rep.Results = append(rep.Results, judgeRetry(original, retry))
@@ -365,32 +359,61 @@ func (c *checker) run(ctx context.Context) (*Report, error) {
 		rep.Results = append(rep.Results, judgeOtherBody(c.send(ctx, key1, other)))
 	} else {
 		rep.Results = append(rep.Results, Result{ID: 3, Name: nameOtherBody, Status: Skip,
-			Evidence: "no body to vary (-d): nothing to compare a fingerprint against"})
+			Evidence: "no body to vary (-d): nothing to compare a fingerprint against",
+			Unproven: "no body to vary (give -d)"})
 	}
-	countNow()
+	counts.take(ctx) // after checks 2 and 3: the first key's last request
 
 	rep.Results = append(rep.Results, judgeFreshKey(original, c.send(ctx, key2, c.Body)))
-	countNow()
+	counts.take(ctx) // after check 4: the second key
+	var r5 Result
+	if len(counts.n) == 4 {
+		r5 = judgeCounts(c.CountURL, []int{counts.n[0], counts.n[2], counts.n[3]}, nil)
+	} else {
+		r5 = judgeCounts(c.CountURL, nil, counts.err)
+	}
 
-	rep.Results = append(rep.Results, judgeCounts(c.CountURL, counts, countErr))
+	if c.CountURL != "" {
+		rep.Keys = append(rep.Keys, key3)
+	}
+	r6 := c.disconnectThenRetry(ctx, key3, counts)
+	rep.Results = append(rep.Results, r5, r6)
 	if ctx.Err() != nil {
 		return nil, context.Cause(ctx)
 	}
 
-	// Passed: nothing failed, and something was proven. Warnings alone
-	// (answers that cannot be told apart, nothing to vary, nothing to
-	// count) prove nothing about the endpoint.
-	proven := false
-	rep.Passed = true
-	for _, r := range rep.Results {
-		switch r.Status {
-		case Fail:
-			rep.Passed = false
-		case Pass:
-			proven = true
+	if rep.Results[4].Status == Pass {
+		// One new resource per key: what the answers of checks 2 and 4
+		// could not tell (a replay or a new execution?), the count did.
+		rep.Results[1].Unproven, rep.Results[3].Unproven = "", ""
+	}
+	failed := false
+	for i := range rep.Results {
+		r := &rep.Results[i]
+		r.Evidence = safeText(r.Evidence)
+		r.Unproven = safeText(r.Unproven)
+		for j := range r.Details {
+			r.Details[j] = safeText(r.Details[j])
+		}
+		claim := fmt.Sprintf("%d. %s", r.ID, claims[r.ID])
+		switch {
+		case r.Status == Fail:
+			failed = true
+			r.Unproven = "" // a failure was observed: nothing left unproven
+		case r.proven():
+			rep.Proven = append(rep.Proven, claim)
+		default:
+			reason := r.Unproven
+			if reason == "" {
+				reason = r.Evidence
+			}
+			rep.NotProven = append(rep.NotProven, claim+": "+reason)
 		}
 	}
-	rep.Passed = rep.Passed && proven
+	// Answers alone cannot show that duplicates ran once: a server may
+	// run each and answer all with the first stored answer. Only counts
+	// prove it.
+	rep.Passed = !failed && rep.Results[0].proven() && rep.Results[4].proven()
 	return rep, nil
 }
 
@@ -441,386 +464,23 @@ func allFailed(answers []answer) error {
 }
 
 // unreachable reports whether err means the request never reached a
-// server: a refused or failed connection, an unknown host, a failed TLS
-// handshake. A timeout counts only while connecting.
+// server that speaks HTTP: a refused or failed connection, an unknown
+// host, a failed TLS handshake. A server that was reached and then hung,
+// closed the connection, or answered something net/http refuses (a
+// malformed answer, a header over the bound) fails the checks instead.
 func unreachable(err error) bool {
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
 		return true
 	}
-	var dns *net.DNSError
-	if errors.As(err, &dns) {
-		return true
-	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return false
-	}
-	return true
-}
-
-const (
-	nameConcurrent = "concurrent duplicates"
-	nameRetry      = "retry after completion"
-	nameOtherBody  = "same key, other body"
-	nameFreshKey   = "fresh key"
-	nameCount      = "resources per key"
-)
-
-// judgeConcurrent judges check 1 and returns the original answer, the one
-// that replays must match (nil when nothing succeeded).
-func judgeConcurrent(answers []answer) (Result, *answer) {
-	r := Result{ID: 1, Name: nameConcurrent, Statuses: map[string]int{}}
-	var fresh, replays, conflicts, unexpected []*answer
-	for i := range answers {
-		a := &answers[i]
-		r.Statuses[a.statusText()]++
-		switch {
-		case a.success() && a.replayed():
-			replays = append(replays, a)
-		case a.success():
-			fresh = append(fresh, a)
-		case a.err == nil && a.status == http.StatusConflict:
-			conflicts = append(conflicts, a)
-		default:
-			unexpected = append(unexpected, a)
-		}
-	}
-	successes := append(append([]*answer{}, fresh...), replays...)
-	var original *answer
-	if len(fresh) > 0 {
-		original = fresh[0]
-	} else if len(replays) > 0 {
-		original = replays[0]
-	}
-
-	// Distinct successful answers: each one is an execution of its own.
-	groups := map[string][]*answer{}
-	var order []string
-	for _, a := range successes {
-		sig := signature(a)
-		if _, ok := groups[sig]; !ok {
-			order = append(order, sig)
-		}
-		groups[sig] = append(groups[sig], a)
-	}
-	tally := fmt.Sprintf("%d requests at once: %s", len(answers), tallyStatuses(r.Statuses))
-	switch {
-	case len(successes) == 0:
-		r.Status = Fail
-		r.Evidence = tally + "; no request succeeded"
-	case len(groups) > 1:
-		r.Status = Fail
-		r.Evidence = fmt.Sprintf("%s; %d different successful answers: the operation ran more than once (duplicates)", tally, len(groups))
-		for i, sig := range order {
-			if i == maxDetails {
-				r.Details = append(r.Details, fmt.Sprintf("… and %d more different answers", len(order)-i))
-				break
-			}
-			r.Details = append(r.Details, fmt.Sprintf("%d× %s", len(groups[sig]), groups[sig][0].describe()))
-		}
-	case len(fresh) > 1 && len(replays) > 0:
-		r.Status = Fail
-		r.Evidence = fmt.Sprintf("%s; %d answers not marked %s while others are: the operation ran %d times", tally, len(fresh), headerReplayed, len(fresh))
-	case len(fresh) == 0:
-		r.Status = Warn
-		r.Evidence = fmt.Sprintf("%s; %d identical replays but no fresh answer: the execution's own answer was not seen", tally, len(replays))
-	case len(fresh) > 1:
-		r.Status = Warn
-		r.Evidence = fmt.Sprintf("%s; %d identical successful answers, none marked %s: replays cannot be told from executions (use --count-url)", tally, len(fresh), headerReplayed)
-	default:
-		r.Status = Pass
-		r.Evidence = fmt.Sprintf("%s; 1 fresh %d, %d identical replays, %d×409", tally, original.status, len(replays), len(conflicts))
-	}
-	if len(unexpected) > 0 && r.Status != Fail {
-		r.Status = Fail
-		r.Evidence = fmt.Sprintf("%s; %d unexpected answers (only a replay or 409 may answer a duplicate)", tally, len(unexpected))
-	}
-	for _, a := range unexpected {
-		if len(r.Details) >= maxDetails {
-			break
-		}
-		r.Details = append(r.Details, "unexpected: "+a.describe())
-	}
-	if r.Status != Fail && original != nil {
-		// Identical bodies may still carry different result headers.
-		for _, a := range successes[1:] {
-			if st, diff := compareHeaders(original.header, a.header); st != Pass {
-				r.Status = worse(r.Status, st)
-				r.Details = append(r.Details, "headers differ: "+diff)
-				break
-			}
-		}
-	}
-	return r, original
-}
-
-// signature identifies an answer for grouping: status, result headers and
-// body bytes.
-func signature(a *answer) string {
-	return fmt.Sprintf("%d\x00%s\x00%s\x00%s\x00%s", a.status, a.header.Get("Location"),
-		a.header.Get("Content-Type"), a.header.Get("Content-Location"), a.body)
-}
-
-func judgeRetry(original *answer, a answer) Result {
-	r := Result{ID: 2, Name: nameRetry, Statuses: map[string]int{a.statusText(): 1}}
-	if original == nil {
-		r.Status = Skip
-		r.Evidence = "no successful answer to replay"
-		return r
-	}
-	if a.err != nil {
-		r.Status = Fail
-		r.Evidence = "no answer: " + errText(a.err)
-		return r
-	}
-	if a.status == http.StatusConflict {
-		r.Status = Fail
-		r.Evidence = "409: still in flight after every request had answered"
-		return r
-	}
-	if a.status != original.status {
-		r.Status = Fail
-		r.Evidence = fmt.Sprintf("status %d, the original was %d", a.status, original.status)
-		r.Details = []string{"got: " + a.describe(), "original: " + original.describe()}
-		return r
-	}
-	if at := firstDiff(original.body, a.body); at >= 0 {
-		r.Status = Fail
-		r.Evidence = fmt.Sprintf("%d with a different body (%d bytes vs %d, first difference at byte %d): not a replay", a.status, len(a.body), len(original.body), at)
-		r.Details = []string{"got: " + a.describe(), "original: " + original.describe()}
-		return r
-	}
-	st, diff := compareHeaders(original.header, a.header)
-	r.Status = st
-	r.Evidence = fmt.Sprintf("%d replayed, body identical (%d bytes)", a.status, len(a.body))
-	if diff != "" {
-		r.Details = []string{"headers differ: " + diff}
-	}
-	if !a.replayed() {
-		r.Status = worse(r.Status, Warn)
-		r.Evidence += ", but not marked " + headerReplayed + ": true"
-	} else {
-		r.Evidence += ", marked " + headerReplayed
-	}
-	return r
-}
-
-func judgeOtherBody(a answer) Result {
-	r := Result{ID: 3, Name: nameOtherBody, Statuses: map[string]int{a.statusText(): 1}}
-	switch {
-	case a.err != nil:
-		r.Status = Fail
-		r.Evidence = "no answer: " + errText(a.err)
-	case a.status == http.StatusUnprocessableEntity:
-		r.Status = Pass
-		r.Evidence = "422: the reused key was refused"
-		if ct := a.header.Get("Content-Type"); ct != "" {
-			r.Evidence += " (" + ct + ")"
-		}
-	case a.status >= 400 && a.status < 500:
-		r.Status = Warn
-		r.Evidence = fmt.Sprintf("%d: refused, but 422 is the expected status for a key reused with another request", a.status)
-	case a.success() && a.replayed():
-		r.Status = Fail
-		r.Evidence = fmt.Sprintf("%d replay: the answer of another request was returned (the fingerprint is not checked)", a.status)
-	case a.success():
-		r.Status = Fail
-		r.Evidence = fmt.Sprintf("%d: a different request ran under a used key", a.status)
-	default:
-		r.Status = Fail
-		r.Evidence = fmt.Sprintf("%d: want 422", a.status)
-	}
-	if r.Status == Fail && a.err == nil {
-		r.Details = []string{"got: " + a.describe()}
-	}
-	return r
-}
-
-func judgeFreshKey(original *answer, a answer) Result {
-	r := Result{ID: 4, Name: nameFreshKey, Statuses: map[string]int{a.statusText(): 1}}
-	switch {
-	case a.err != nil:
-		r.Status = Fail
-		r.Evidence = "no answer: " + errText(a.err)
-	case !a.success():
-		r.Status = Fail
-		r.Evidence = fmt.Sprintf("%d: a fresh key must run the operation again", a.status)
-		r.Details = []string{"got: " + a.describe()}
-	case a.replayed():
-		r.Status = Fail
-		r.Evidence = fmt.Sprintf("%d marked %s: another key's answer was replayed (the key is ignored)", a.status, headerReplayed)
-	case original == nil:
-		r.Status = Pass
-		r.Evidence = fmt.Sprintf("%d, a fresh execution", a.status)
-	case a.header.Get("Location") != "" && a.header.Get("Location") == original.header.Get("Location"):
-		r.Status = Fail
-		r.Evidence = fmt.Sprintf("%d with the first key's Location %s: the fresh key got the same resource, not a new one", a.status, a.header.Get("Location"))
-	case a.header.Get("Location") != "" && a.header.Get("Location") != original.header.Get("Location"):
-		r.Status = Pass
-		r.Evidence = fmt.Sprintf("%d, a new resource (Location %s, the first key's was %s)", a.status, a.header.Get("Location"), original.header.Get("Location"))
-	case !bytes.Equal(a.body, original.body):
-		r.Status = Pass
-		r.Evidence = fmt.Sprintf("%d, a new resource (the body differs from the first key's)", a.status)
-	default:
-		r.Status = Warn
-		r.Evidence = fmt.Sprintf("%d with the same answer as the first key: a new resource cannot be told apart (use --count-url)", a.status)
-	}
-	return r
-}
-
-func judgeCounts(countURL string, counts []int, err error) Result {
-	r := Result{ID: 5, Name: nameCount}
-	switch {
-	case countURL == "":
-		r.Status = Skip
-		r.Evidence = "no --count-url to count resources with"
-	case err != nil:
-		r.Status = Fail
-		r.Evidence = "counting failed: " + errText(err)
-	default:
-		d1, d2 := counts[1]-counts[0], counts[2]-counts[1]
-		r.Evidence = fmt.Sprintf("%d before, %d after the first key (%+d), %d after the second (%+d)", counts[0], counts[1], d1, counts[2], d2)
-		if d1 == 1 && d2 == 1 {
-			r.Status = Pass
-		} else {
-			r.Status = Fail
-			r.Evidence += "; want +1 for each key"
-			if d1 > 1 {
-				r.Evidence += fmt.Sprintf(": %d duplicates", d1-1)
-			}
-		}
-	}
-	return r
-}
-
-// legitimatelyDiffer are the headers two answers to one operation may
-// differ in: the moment, the connection, the session, request ids, and the
-// replay marker itself.
-var legitimatelyDiffer = map[string]bool{
-	"Date": true, "Set-Cookie": true, "Idempotent-Replayed": true, "Content-Length": true,
-	"Connection": true, "Keep-Alive": true, "Transfer-Encoding": true, "Age": true,
-	"Retry-After": true, "Server-Timing": true, "Request-Id": true, "X-Request-Id": true,
-	"X-Correlation-Id": true, "Traceparent": true, "Tracestate": true, "X-Trace-Id": true,
-	"X-Amzn-Trace-Id": true, "X-Amzn-Requestid": true, "Cf-Ray": true, "Via": true,
-	"X-Response-Time": true, "X-Runtime": true, "Alt-Svc": true, "Report-To": true, "Nel": true,
-	"Expires": true, "X-Cache": true,
-}
-
-// resultHeaders describe the result itself: a difference there is a
-// different answer.
-var resultHeaders = map[string]bool{"Location": true, "Content-Type": true, "Content-Location": true, "Content-Encoding": true}
-
-// compareHeaders compares two answers' headers, leaving out those that
-// legitimately differ. A difference in a result header fails; in another
-// one it warns.
-func compareHeaders(a, b http.Header) (Status, string) {
-	names := map[string]bool{}
-	for n := range a {
-		names[n] = true
-	}
-	for n := range b {
-		names[n] = true
-	}
-	var diffs []string
-	st := Pass
-	for n := range names {
-		l := strings.ToLower(n)
-		if legitimatelyDiffer[n] || strings.HasPrefix(l, "x-ratelimit-") || strings.HasPrefix(l, "ratelimit") {
-			continue
-		}
-		if strings.Join(a.Values(n), ", ") == strings.Join(b.Values(n), ", ") {
-			continue
-		}
-		diffs = append(diffs, fmt.Sprintf("%s %q vs %q", n, strings.Join(a.Values(n), ", "), strings.Join(b.Values(n), ", ")))
-		if resultHeaders[n] {
-			st = Fail
-		} else {
-			st = worse(st, Warn)
-		}
-	}
-	sort.Strings(diffs)
-	return st, strings.Join(diffs, "; ")
-}
-
-func worse(a, b Status) Status {
-	rank := map[Status]int{Skip: 0, Pass: 1, Warn: 2, Fail: 3}
-	if rank[b] > rank[a] {
-		return b
-	}
-	return a
-}
-
-// otherBody derives a body that asks for something else, keeping it
-// acceptable to the endpoint's parser: a JSON object gets one more field,
-// a form one more parameter, anything else a trailing newline. A server
-// fingerprints bytes or a canonical form; either way these differ.
-func otherBody(body []byte, contentType string) ([]byte, bool) {
-	if len(body) == 0 {
-		return nil, false
-	}
-	nonce := "idem-check-" + uuid.NewString()[:8]
-	var obj map[string]json.RawMessage
-	if json.Unmarshal(body, &obj) == nil && obj != nil {
-		obj["idem_check_nonce"], _ = json.Marshal(nonce)
-		out, err := json.Marshal(obj)
-		return out, err == nil
-	}
-	if strings.HasPrefix(contentType, "application/x-www-form-urlencoded") || looksLikeForm(body) {
-		return append(append([]byte{}, body...), "&idem_check_nonce="+nonce...), true
-	}
-	return append(append([]byte{}, body...), '\n'), true
-}
-
-func looksLikeForm(body []byte) bool {
-	v, err := url.ParseQuery(string(body))
-	return err == nil && len(v) > 0 && !bytes.ContainsAny(body, " \n{}[]")
-}
-
-func tallyStatuses(m map[string]int) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, 0, len(keys))
-	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%d×%s", m[k], k))
-	}
-	return strings.Join(parts, ", ")
-}
-
-func firstDiff(a, b []byte) int {
-	n := min(len(a), len(b))
-	for i := range n {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	if len(a) != len(b) {
-		return n
-	}
-	return -1
-}
-
-// clip shows at most 120 bytes of a body on one line.
-func clip(b []byte) string {
-	s := strings.Join(strings.Fields(string(b)), " ")
-	if len(s) > 120 {
-		s = s[:117] + "..."
-	}
-	if s == "" {
-		return "(empty)"
-	}
-	return s
-}
-
-// errText is an error on one line, without the "Post \"URL\":" prefix
-// net/http adds.
-func errText(err error) string {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		err = ue.Err
-	}
-	return strings.ReplaceAll(err.Error(), "\n", " ")
+	var (
+		dns         *net.DNSError
+		recordErr   tls.RecordHeaderError
+		alert       tls.AlertError
+		verifyErr   *tls.CertificateVerificationError
+		unknownAuth x509.UnknownAuthorityError
+		hostnameErr x509.HostnameError
+	)
+	return errors.As(err, &dns) || errors.As(err, &recordErr) || errors.As(err, &alert) ||
+		errors.As(err, &verifyErr) || errors.As(err, &unknownAuth) || errors.As(err, &hostnameErr)
 }

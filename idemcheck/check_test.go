@@ -43,8 +43,8 @@ func TestNaiveServerIsCaught(t *testing.T) {
 	if code != idemcheck.ExitFail {
 		t.Fatalf("exit code %d, want %d", code, idemcheck.ExitFail)
 	}
-	if o.count() < 3 {
-		t.Fatalf("the naive server created only %d orders: the race did not happen, the test proves nothing", o.count())
+	if o.count() < 4 {
+		t.Fatalf("the naive server created only %d orders for 3 keys: the race did not happen, the test proves nothing", o.count())
 	}
 	if l := line(t, out, "1"); !strings.HasPrefix(l, "FAIL") || !strings.Contains(l, "duplicates") {
 		t.Errorf("check 1 not failed with duplicates: %s", l)
@@ -64,31 +64,42 @@ func TestProtectedServerPasses(t *testing.T) {
 	if code != idemcheck.ExitPass {
 		t.Fatalf("exit code %d, want %d", code, idemcheck.ExitPass)
 	}
-	for _, id := range []string{"1", "2", "3", "4", "5"} {
+	for _, id := range []string{"1", "2", "3", "4", "5", "6"} {
 		if l := line(t, out, id); !strings.HasPrefix(l, "PASS") {
 			t.Errorf("check %s: %s", id, l)
 		}
 	}
-	if o.count() != 2 {
-		t.Errorf("%d orders created, want 2 (one per key)", o.count())
+	if o.count() != 3 {
+		t.Errorf("%d orders created, want 3 (one per key)", o.count())
+	}
+	if errOut != "" {
+		t.Errorf("stderr %q, want nothing", errOut)
 	}
 }
 
 func TestJSONReport(t *testing.T) {
 	srv, _ := protectedServer(t)
-	code, out, _ := run(t, "--json", "-n", "5", "-d", orderBody, srv.URL+"/orders")
+	code, out, _ := run(t, "--json", "-n", "5", "-d", orderBody, "--count-url", srv.URL+"/orders?cart_id=c_42", srv.URL+"/orders")
 	var rep idemcheck.Report
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("not JSON (%v):\n%s", err, out)
 	}
-	if code != 0 || !rep.Passed || len(rep.Results) != 5 || rep.Concurrency != 5 {
+	if code != 0 || !rep.Passed || len(rep.Results) != 6 || rep.Concurrency != 5 || len(rep.Proven) != 6 || len(rep.NotProven) != 0 {
 		t.Fatalf("code %d, report %+v", code, rep)
-	}
-	if rep.Results[4].Status != idemcheck.Skip {
-		t.Errorf("check 5 without --count-url: %s, want skip", rep.Results[4].Status)
 	}
 	if rep.Results[0].Statuses["201"] < 1 {
 		t.Errorf("check 1 statuses %v: no 201 counted", rep.Results[0].Statuses)
+	}
+
+	// Without --count-url: checks 5 and 6 skipped, nothing passes.
+	code, out, _ = run(t, "--json", "-n", "5", "-d", orderBody, srv.URL+"/orders")
+	rep = idemcheck.Report{}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON (%v):\n%s", err, out)
+	}
+	if code != idemcheck.ExitFail || rep.Passed || rep.Results[4].Status != idemcheck.Skip || rep.Results[5].Status != idemcheck.Skip ||
+		len(rep.NotProven) != 3 || !strings.Contains(rep.NotProven[0], "--count-url") {
+		t.Fatalf("without --count-url: code %d, report %+v", code, rep)
 	}
 }
 
@@ -134,19 +145,36 @@ func TestBadFlagsAreOneLine(t *testing.T) {
 
 func TestFlagsAfterURL(t *testing.T) {
 	srv, o := protectedServer(t)
-	code, out, errOut := run(t, srv.URL+"/orders", "-n", "4", "-d", orderBody)
+	code, out, errOut := run(t, srv.URL+"/orders", "-n", "4", "-d", orderBody, "--count-url", srv.URL+"/orders")
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s%s", code, out, errOut)
 	}
-	if !strings.Contains(out, "(4 requests at once)") || o.count() != 2 {
+	if !strings.Contains(out, "(4 requests at once)") || o.count() != 3 {
 		t.Fatalf("flags after the URL were not applied (orders %d):\n%s", o.count(), out)
 	}
 }
 
+// --help lists the flags as every other idem command does: --name for a
+// long one (one-letter ones keep curl's -d, -H, -X, -n).
 func TestHelp(t *testing.T) {
-	code, out, _ := run(t, "-h")
-	if code != 0 || !strings.Contains(out, "--count-url") && !strings.Contains(out, "-count-url") {
+	code, out, _ := run(t, "--help")
+	if code != 0 {
 		t.Fatalf("exit %d, usage:\n%s", code, out)
+	}
+	for _, want := range []string{"\n  --count-url URL\n", "\n  --load\n", "\n  --disconnect-after duration\n", "\n  -d body\n", "\n  -H header\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("help lacks %q:\n%s", want, out)
+		}
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(f[0], "-") && !strings.HasPrefix(f[0], "--") && len(f[0]) > 2 {
+			t.Errorf("long flag listed with one dash: %q", l)
+		}
+	}
+	// Errors name long flags the same way.
+	_, _, errOut := run(t, "--nope", "http://127.0.0.1:1/x")
+	if !strings.Contains(errOut, "--nope") {
+		t.Errorf("error %q names the flag with one dash", errOut)
 	}
 }
 
@@ -236,7 +264,7 @@ func TestEachFlawIsReported(t *testing.T) {
 		{"replays not marked", variant{mismatchStatus: 422, unmarkedReplays: true}, 0,
 			map[int]idemcheck.Status{2: idemcheck.Warn, 5: idemcheck.Pass}, "not marked"},
 		{"no dedup, identical answers", variant{sameBodyEachTime: true}, 1,
-			map[int]idemcheck.Status{1: idemcheck.Warn, 4: idemcheck.Warn, 5: idemcheck.Fail}, "duplicates"},
+			map[int]idemcheck.Status{1: idemcheck.Fail, 4: idemcheck.Warn, 5: idemcheck.Fail, 6: idemcheck.Fail}, "duplicates"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -273,8 +301,8 @@ func TestBodyFromFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte(orderBody), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut := run(t, "-n", "3", "-d", "@"+path, srv.URL+"/orders")
-	if code != 0 || o.count() != 2 {
+	code, out, errOut := run(t, "-n", "3", "-d", "@"+path, "--count-url", srv.URL+"/orders", srv.URL+"/orders")
+	if code != 0 || o.count() != 3 {
 		t.Fatalf("exit %d, %d orders:\n%s%s", code, o.count(), out, errOut)
 	}
 	code, _, errOut = run(t, "-d", "@"+path+".missing", srv.URL+"/orders")

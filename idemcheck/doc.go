@@ -4,15 +4,16 @@
 //
 // # The checks
 //
-// Check runs the test the seed article ends with, made precise. Each check
-// reports pass, warn, fail or skip with its evidence:
+// Check runs six checks. Each reports pass, warn, fail or skip with its
+// evidence:
 //
 //  1. Concurrent duplicates: Config.Concurrency identical requests with one
 //     fresh key, released at the same instant by one barrier. Exactly one
 //     answer may be a fresh success; every other one must be an identical
-//     replay (same status, byte-identical body, same result headers) or
-//     a 409. Two different successful answers mean the operation ran twice:
-//     the check-then-write race.
+//     replay (same status, identical body, same result headers) or a 409.
+//     Two different successful answers mean the operation ran twice: the
+//     check-then-write race. Then the resources are counted: exactly one
+//     new one.
 //  2. Retry after completion: the same request again once all have
 //     answered must get an identical replay.
 //  3. Same key, another body: must be refused, 422 as the IETF draft and
@@ -20,32 +21,59 @@
 //     worst outcome: an answer that belongs to another request).
 //  4. Fresh key: must create a new resource, with an answer that differs
 //     from the first key's.
-//  5. Resources per key (with Config.CountURL, a GET answering a JSON
-//     array): exactly one new resource for each key.
+//  5. Resources per key: exactly one new resource for each key.
+//  6. Disconnect, then retry: a request with a fresh key whose connection
+//     is cut once it is written (Config.DisconnectAfter), then the same
+//     request again until an answer other than 409 comes (409s are
+//     expected while the first still runs; they are retried for up to
+//     Config.InFlightWait), then a count: exactly one new resource. A
+//     server that runs the operation again after its client went away
+//     fails.
 //
 // Sequential duplicates prove nothing, since the first finishes before the
 // second looks; that is why check 1 fires its requests together.
 //
-// Bodies are compared byte for byte. Headers are compared too, except
+// # What a run proves
+//
+// Answers alone never prove that duplicates ran once: a server may run
+// every duplicate and answer them all with the first answer, marked as
+// replays, and look perfect. Only a count can tell, through
+// Config.CountURL, a GET listing the resources (a JSON array, an object
+// with a "data" array, or an X-Total-Count header, which wins where the
+// API sends one, since lists are often cut to a page). Checks 1, 5 and 6
+// need it. Without it check 1 warns at best, checks 5 and 6 are skipped,
+// and the run does not pass: Report.Passed is true only when no check
+// failed and one execution per key was counted. Report.Proven and
+// Report.NotProven say which claims the run observed and which it could
+// not, with what would let it. Main exits 0 when the run passed, 1 when a
+// check failed or that was not proven, and 2 when the flags are wrong or
+// no request could reach the URL. A server that is reached but hangs,
+// closes the connection or answers something malformed fails the checks
+// (exit 1).
+//
+// Bodies are compared by their bytes. Headers are compared too, except
 // those that legitimately differ between two answers (Date, Set-Cookie,
 // Idempotent-Replayed, request ids, hop-by-hop fields, …); a difference in
 // Location, Content-Type or Content-Location is a failure, in another
-// header a warning.
+// header a warning. When the retry of check 2 comes back marked
+// Idempotent-Replayed, the server marks its replays, so several unmarked
+// successes among check 1's answers are several executions, even when
+// their bodies are identical. Check 4 fails a fresh key answered with the
+// first key's Location.
 //
-// A warning does not fail the run, but warnings alone prove nothing: Main
-// exits 0 when no check failed and at least one passed, 1 otherwise (a
-// failure, or nothing proven), and 2 when the flags are wrong or no
-// request could reach the URL. A server that is reached but does not
-// answer in time fails the checks (exit 1): hanging on concurrent
-// duplicates is a bug of its own.
+// # A hostile server
 //
-// Check 1 judges unmarked successes with check 2's help: when the retry
-// comes back marked Idempotent-Replayed, the server marks its replays, so
-// several unmarked successes among the duplicates are several executions,
-// even when their bodies are identical. Check 4 fails a fresh key answered
-// with the first key's Location. With --count-url, an X-Total-Count header
-// on the list, where the API sends one, is the count (lists cut to a page
-// would otherwise stop growing).
+// What a report prints comes from the server, which may be hostile. Every
+// byte it sent is escaped before it is printed or put in a Report (control
+// characters, C1 controls such as U+009B and U+009D, bidi overrides, bytes
+// that are not UTF-8 appear as \xNN or \uNNNN), so no answer can move the
+// cursor, set a window title or write a line of its own. What is read is
+// bounded: 64 KiB of header per answer on the default client (a longer
+// header block fails the request), 4 MiB of body, of which the first 64
+// KiB are kept to show and compare and the rest only hashed (bodies are
+// compared on their first 4 MiB, and the connection of a longer one is
+// closed), and 16 MiB of the CountURL list, read as a stream. A password
+// in a URL is printed as xxxxx, in reports, JSON and errors alike.
 //
 // # Load mode
 //
@@ -56,9 +84,11 @@
 //
 // # Side effects
 //
-// The checks create real resources on the target: two per run when the
-// endpoint is correct, up to Concurrency+1 when it is not. Point them at a
-// test environment. Check 5 counts resources through CountURL before and
-// after, so other writers to the same collection during the run disturb
-// it; scope CountURL (for example ?cart_id=…) to what the request creates.
+// The checks create real resources on the target: three per run when the
+// endpoint is correct, up to Concurrency+2 when it is not. Point them at a
+// test environment. Checks 1, 5 and 6 count resources through CountURL
+// before and after, so other writers to the same collection during the
+// run disturb them; scope CountURL (for example ?cart_id=…) to what the
+// request creates. Check 6 sends its cut request on a connection of its
+// own, as HTTP/1.1, straight to the host (not through a proxy).
 package idemcheck

@@ -41,6 +41,7 @@ func ExampleCheck() {
 	// 3 same key, other body pass
 	// 4 fresh key pass
 	// 5 resources per key pass
+	// 6 disconnect, then retry pass
 	// passed: true
 }
 

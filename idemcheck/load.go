@@ -1,7 +1,6 @@
 package idemcheck
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,7 +17,8 @@ import (
 // LoadConfig says what load to send. URL is required; every zero field
 // means its documented default.
 type LoadConfig struct {
-	// URL, Method, Body, Header and KeyHeader are as in Config.
+	// URL, Method, Body, Header and KeyHeader are as in Config; a
+	// password in URL is never printed.
 	URL       string
 	Method    string
 	Body      []byte
@@ -122,7 +122,7 @@ func Load(ctx context.Context, config LoadConfig) (*LoadReport, error) {
 		Client: config.Client, KeyFunc: config.KeyFunc,
 	})
 	if err != nil {
-		return nil, err
+		return nil, safeErr(err)
 	}
 	defer c.closeIdle()
 	if config.Duration <= 0 {
@@ -212,7 +212,7 @@ func Load(ctx context.Context, config LoadConfig) (*LoadReport, error) {
 	<-progressDone
 	progress()
 
-	rep := &LoadReport{URL: c.URL, Method: c.Method, Concurrency: config.Concurrency, Replay: config.Replay,
+	rep := &LoadReport{URL: safeText(redactURL(c.URL)), Method: safeText(c.Method), Concurrency: config.Concurrency, Replay: config.Replay,
 		Elapsed: elapsed, Statuses: map[int]int{}, Errors: map[string]int{}, Interrupted: ctx.Err() != nil}
 	var latencies []time.Duration
 	for _, samples := range perWorker {
@@ -235,7 +235,7 @@ func Load(ctx context.Context, config LoadConfig) (*LoadReport, error) {
 	}
 	if len(latencies) == 0 && len(rep.Errors) > 0 && !rep.Interrupted {
 		for e := range rep.Errors {
-			return nil, fmt.Errorf("%w %s: %s", ErrUnreachable, c.URL, e)
+			return nil, safeErr(fmt.Errorf("%w %s: %s", ErrUnreachable, redactURL(c.URL), e))
 		}
 	}
 	if elapsed > 0 {
@@ -245,23 +245,20 @@ func Load(ctx context.Context, config LoadConfig) (*LoadReport, error) {
 	return rep, nil
 }
 
-// sendDiscard sends one request and reads its answer to the end (so the
-// connection is reused) without keeping it.
+// sendDiscard sends one request and reads its answer (so the connection
+// is reused) without keeping it, up to maxReadBody: a longer body is cut
+// and its connection closed.
 func (c *checker) sendDiscard(ctx context.Context, key string) (int, bool, error) {
-	req, err := http.NewRequestWithContext(ctx, c.Method, c.URL, bytes.NewReader(c.Body))
+	req, err := c.newRequest(ctx, key, c.Body)
 	if err != nil {
 		return 0, false, err
 	}
-	for name, values := range c.Header {
-		req.Header[name] = values
-	}
-	req.Header.Set(c.KeyHeader, key)
 	resp, err := c.Client.Do(req)
 	if err != nil {
 		return 0, false, err
 	}
 	defer resp.Body.Close()
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+	if _, err := io.Copy(io.Discard, io.LimitReader(resp.Body, maxReadBody)); err != nil {
 		return 0, false, err
 	}
 	a := answer{status: resp.StatusCode, header: resp.Header}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -20,33 +21,48 @@ import (
 
 // Exit codes of Main.
 const (
-	ExitPass   = 0 // no check failed and one passed (warnings allowed), or the load had no failure
-	ExitFail   = 1 // a check failed, or a load request failed
+	ExitPass   = 0 // no check failed and one execution per key was counted, or the load had no failure
+	ExitFail   = 1 // a check failed, one execution per key was not proven, or a load request failed
 	ExitUsage  = 2 // bad flags, or the target could not be reached
-	usageShort = "usage: idem check [flags] URL (idem check -h for help)"
+	usageShort = "usage: idem check [flags] URL (idem check --help for help)"
 )
 
 const usageLong = `usage: idem check [flags] URL
 
-Checks that URL honours Idempotency-Key: fires -n identical requests with one
-fresh key at the same instant, retries after they finish, reuses the key
-with another body, sends a fresh key, and (with --count-url) counts the
-resources created. Each check prints one line: PASS, WARN, FAIL or SKIP with
-its evidence. Exit status: 0 when no check failed and at least one passed,
-1 when one failed or nothing could be proven, 2 for bad flags or an
+Checks that URL honours Idempotency-Key. Each check prints one line, PASS,
+WARN, FAIL or SKIP, with its evidence:
+  1. fires -n identical requests with one fresh key at the same instant;
+  2. retries once they have all answered;
+  3. reuses the key with another body;
+  4. sends a fresh key;
+  5. counts the resources created for each key (--count-url);
+  6. cuts a request's connection while the server works on it, retries
+     with its key until answered, and counts again (--count-url).
+
+Answers alone cannot show that duplicates ran once: a server may run each
+one and answer them all with the first answer. Only a count can, through
+--count-url, a GET listing the resources. Without it checks 1, 5 and 6 are
+not proven, the report says so, and the run does not pass.
+
+Exit status: 0 when no check failed and one execution per key was counted,
+1 when a check failed or that was not proven, 2 for bad flags or an
 unreachable URL.
 
 With --load, sends requests from --concurrency workers for --duration
 instead, and reports throughput, latency percentiles and a histogram.
 
-The checks create real resources: point them at a test environment.
+The checks create real resources (three per run on a correct endpoint):
+point them at a test environment. Of each answer at most 64 KiB of header
+and 4 MiB of body are read (the first 64 KiB kept, to show and compare, the
+rest hashed); the --count-url list is read as a stream, up to 16 MiB. A
+password in a URL is printed as xxxxx, and every byte a server sent is
+escaped before it is printed.
 
 Example:
   idem check -d '{"cart_id":"c_42","total_cents":1900}' \
     --count-url 'http://127.0.0.1:3000/orders?cart_id=c_42' \
     http://127.0.0.1:3000/orders
 
-Flags:
 `
 
 // headerFlag collects repeated -H "Name: value" flags.
@@ -79,7 +95,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var headers headerFlag
 	fs.Var(&headers, "H", "request `header` \"Name: value\" (repeatable)")
 	n := fs.Int("n", DefaultConcurrency, "identical requests fired at once by check 1")
-	countURL := fs.String("count-url", "", "GET `URL` answering a JSON array of the resources, to count them (check 5)")
+	countURL := fs.String("count-url", "", "GET `URL` answering a JSON array of the resources (or an X-Total-Count), to count them (checks 1, 5, 6)")
 	asJSON := fs.Bool("json", false, "print a machine-readable JSON report")
 	timeout := fs.Duration("timeout", DefaultTimeout, "bound on each request")
 	keyHeader := fs.String("key-header", DefaultKeyHeader, "`name` of the idempotency key header")
@@ -87,9 +103,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	duration := fs.Duration("duration", DefaultLoadDuration, "load mode: how long to send requests")
 	concurrency := fs.Int("concurrency", DefaultLoadConcurrency, "load mode: number of workers")
 	replay := fs.Bool("replay", false, "load mode: one key per worker, so requests after its first are replays")
+	disconnectAfter := fs.Duration("disconnect-after", 0, "check 6: cut the first request's connection this long after sending it (0: at once);\nabout half the handler's time cuts it midway")
+	inFlightWait := fs.Duration("in-flight-wait", DefaultInFlightWait, "check 6: how long to keep retrying while answered 409")
 
 	fail := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "idem check: "+format+"\n", a...)
+		fmt.Fprintln(stderr, "idem check: "+safeText(fmt.Sprintf(format, a...)))
 		return ExitUsage
 	}
 	var positional []string
@@ -97,11 +115,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if err := fs.Parse(rest); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				fmt.Fprint(stdout, usageLong)
-				fs.SetOutput(stdout)
-				fs.PrintDefaults()
+				printFlags(stdout, fs)
 				return ExitPass
 			}
-			return fail("%v; %s", err, usageShort)
+			return fail("%s; %s", longDashes(err.Error()), usageShort)
 		}
 		if fs.NArg() == 0 {
 			break
@@ -146,9 +163,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rep, err := Check(ctx, Config{
 		URL: positional[0], Method: *method, Body: body, Header: header, KeyHeader: *keyHeader,
 		Concurrency: *n, CountURL: *countURL, Timeout: *timeout,
+		DisconnectAfter: *disconnectAfter, InFlightWait: *inFlightWait,
 	})
 	if err != nil {
 		return fail("%v", err)
+	}
+	if *countURL == "" {
+		fmt.Fprintln(stderr, "idem check: warning: no --count-url, so nothing counts what the requests created: "+
+			"that duplicates ran once (checks 1, 5, 6) is not proven, and the run cannot pass")
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -164,27 +186,85 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // WriteReport writes rep as text: a heading, one line per check with its
-// evidence (further evidence indented below it), and a verdict.
+// evidence (further evidence indented below it), a verdict, and, unless
+// everything was proven, what was and what was not. Everything is
+// escaped as it is printed, so that a report decoded from elsewhere is
+// safe too.
 func WriteReport(w io.Writer, rep *Report) {
-	fmt.Fprintf(w, "idem check %s %s (%d requests at once)\n", rep.Method, rep.URL, rep.Concurrency)
+	fmt.Fprintf(w, "idem check %s %s (%d requests at once)\n", safeText(rep.Method), safeText(rep.URL), rep.Concurrency)
 	tally := map[Status]int{}
 	for _, r := range rep.Results {
 		tally[r.Status]++
-		fmt.Fprintf(w, "%-4s  %d. %-22s  %s\n", strings.ToUpper(string(r.Status)), r.ID, r.Name, r.Evidence)
+		fmt.Fprintf(w, "%-4s  %d. %-22s  %s\n", strings.ToUpper(safeText(string(r.Status))), r.ID, safeText(r.Name), safeText(r.Evidence))
 		for _, d := range r.Details {
-			fmt.Fprintf(w, "         %s\n", d)
+			fmt.Fprintf(w, "         %s\n", safeText(d))
 		}
 	}
 	verdict := "PASS"
-	if !rep.Passed {
+	switch {
+	case tally[Fail] > 0:
 		verdict = "FAIL"
+	case !rep.Passed:
+		verdict = "NOT PROVEN"
 	}
-	fmt.Fprintf(w, "%s: %d passed, %d warnings, %d failed, %d skipped",
-		verdict, tally[Pass], tally[Warn], tally[Fail], tally[Skip])
-	if !rep.Passed && tally[Fail] == 0 {
-		fmt.Fprint(w, "; nothing proven: give a body to vary (-d) or a list to count (--count-url)")
+	warnings := "warnings"
+	if tally[Warn] == 1 {
+		warnings = "warning"
 	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, "%s: %d passed, %d %s, %d failed, %d skipped\n",
+		verdict, tally[Pass], tally[Warn], warnings, tally[Fail], tally[Skip])
+	if len(rep.NotProven) == 0 && rep.Passed {
+		return
+	}
+	fmt.Fprintln(w, "proven:")
+	if len(rep.Proven) == 0 {
+		fmt.Fprintln(w, "  nothing")
+	}
+	for _, p := range rep.Proven {
+		fmt.Fprintf(w, "  %s\n", safeText(p))
+	}
+	if len(rep.NotProven) > 0 {
+		fmt.Fprintln(w, "not proven:")
+		for _, p := range rep.NotProven {
+			fmt.Fprintf(w, "  %s\n", safeText(p))
+		}
+	}
+}
+
+// printFlags lists the flags as the other idem commands do: --name for a
+// long flag, -X for a one-letter one (as curl spells them); the flag
+// package accepts either number of dashes.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintln(w, "Flags:")
+	fs.VisitAll(func(f *flag.Flag) {
+		typ, usage := flag.UnquoteUsage(f)
+		head := "  " + dashes(f.Name) + f.Name
+		if typ != "" {
+			head += " " + typ
+		}
+		line := head + "\n      " + strings.ReplaceAll(usage, "\n", "\n      ")
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" {
+			line += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w, line)
+	})
+}
+
+func dashes(name string) string {
+	if len(name) == 1 {
+		return "-"
+	}
+	return "--"
+}
+
+// flagName is a flag named in one of the flag package's errors, with the
+// one dash it writes.
+var flagName = regexp.MustCompile(`(^|[ :])-([A-Za-z][A-Za-z-]+)\b`)
+
+// longDashes writes the long flags an error names with two dashes, as the
+// help lists them.
+func longDashes(msg string) string {
+	return flagName.ReplaceAllString(msg, "${1}--${2}")
 }
 
 func runLoad(ctx context.Context, config LoadConfig, asJSON bool, stdout, stderr io.Writer) int {
@@ -203,7 +283,7 @@ func runLoad(ctx context.Context, config LoadConfig, asJSON bool, stdout, stderr
 		clear()
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "idem check: %v\n", err)
+		fmt.Fprintln(stderr, "idem check: "+safeText(err.Error()))
 		return ExitUsage
 	}
 	if asJSON {
@@ -242,7 +322,7 @@ func WriteLoadReport(w io.Writer, rep *LoadReport) {
 	if rep.Replay {
 		mode = "one key per worker (replays)"
 	}
-	fmt.Fprintf(w, "idem check --load %s %s: %d workers, %s\n", rep.Method, rep.URL, rep.Concurrency, mode)
+	fmt.Fprintf(w, "idem check --load %s %s: %d workers, %s\n", safeText(rep.Method), safeText(rep.URL), rep.Concurrency, mode)
 	if rep.Interrupted {
 		fmt.Fprintln(w, "interrupted: partial results")
 	}
@@ -259,7 +339,7 @@ func WriteLoadReport(w io.Writer, rep *LoadReport) {
 	}
 	errs := make([]string, 0, len(rep.Errors))
 	for e, n := range rep.Errors {
-		errs = append(errs, fmt.Sprintf("%d× %s", n, e))
+		errs = append(errs, fmt.Sprintf("%d× %s", n, safeText(e)))
 	}
 	sort.Strings(errs)
 	fmt.Fprintf(w, "statuses    %s\n", strings.Join(parts, ", "))

@@ -72,6 +72,51 @@ func (o *orders) mux(post http.Handler) *http.ServeMux {
 	return mux
 }
 
+// raceWindow makes the check-then-write race of a naive server certain
+// rather than likely: the first key the server is sent (check 1's, whose
+// duplicates arrive together) keeps its first execution between the
+// look-up and the write until a duplicate has looked the key up too, and
+// found it absent. Without it the race depends on the scheduler, and a
+// busy machine can serialize the duplicates.
+type raceWindow struct {
+	mu        sync.Mutex
+	first     string
+	looks     int
+	duplicate chan struct{}
+}
+
+func newRaceWindow() *raceWindow { return &raceWindow{duplicate: make(chan struct{})} }
+
+// looked records a look-up of key, before its result is acted on.
+func (w *raceWindow) looked(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.first == "" {
+		w.first = key
+	}
+	if key == w.first {
+		if w.looks++; w.looks == 2 {
+			close(w.duplicate)
+		}
+	}
+}
+
+// work is the handler's work between look-up and write: for the first
+// key, until a duplicate has looked too.
+func (w *raceWindow) work(t testing.TB, key string) {
+	w.mu.Lock()
+	first := key == w.first
+	w.mu.Unlock()
+	if !first {
+		return
+	}
+	select {
+	case <-w.duplicate:
+	case <-time.After(30 * time.Second):
+		t.Error("no duplicate of the first key came")
+	}
+}
+
 // naiveServer is the check-then-write race of the seed: it looks the key
 // up, then works a little, then writes. Duplicates arriving together all
 // find the key absent and all create an order.
@@ -80,10 +125,12 @@ func naiveServer(t *testing.T) (*httptest.Server, *orders) {
 	o := &orders{}
 	var mu sync.Mutex
 	seen := map[string]*httptest.ResponseRecorder{}
+	race := newRaceWindow()
 	post := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("Idempotency-Key")
 		mu.Lock()
 		prev := seen[key] // check…
+		race.looked(key)
 		mu.Unlock()
 		if prev != nil {
 			w.Header().Set("Idempotent-Replayed", "true")
@@ -94,7 +141,7 @@ func naiveServer(t *testing.T) (*httptest.Server, *orders) {
 			_, _ = w.Write(prev.Body.Bytes())
 			return
 		}
-		time.Sleep(50 * time.Millisecond) // …some work…
+		race.work(t, key) // …some work…
 		rec := httptest.NewRecorder()
 		o.create(rec, r)
 		mu.Lock()

@@ -1,6 +1,6 @@
 // Package idemclient is the client half of the Idempotency-Key contract: an
 // http.RoundTripper that names each operation with a key once and retries
-// it safely.
+// it safely. It imports nothing outside the standard library.
 //
 // # What the Transport does
 //
@@ -13,16 +13,49 @@
 //     a new key: a new key per attempt would defeat the server's
 //     deduplication;
 //   - retries connection errors, timeouts (including its own per-attempt
-//     timeout, Transport.AttemptTimeout), 409 (in flight), 429 and
-//     502/503/504, honouring Retry-After in seconds or as an HTTP date;
-//   - waits a capped exponential backoff with full jitter between
-//     attempts, stops after Transport.MaxAttempts, and stops at once when
-//     the request's context ends;
+//     timeout, Transport.AttemptTimeout), 429 and 502/503/504 up to
+//     Transport.MaxAttempts failed attempts, and 409 (in flight) for up to
+//     Transport.InFlightTimeout, honouring Retry-After in seconds or as an
+//     HTTP date;
+//   - waits a capped exponential backoff with jitter between attempts, never
+//     less than half of Transport.BaseDelay, even when Retry-After says 0,
+//     and stops at once when the request's context ends;
 //   - never retries another 4xx, a 500, or a response marked
 //     Idempotent-Replayed: true (a replay is the stored answer; asking
 //     again returns it again).
 //
 // Requests whose method is not covered pass through unchanged, once.
+//
+// # Redirects
+//
+// A 307 or 308 asks for the same request at another address: it is the
+// same operation, and its key goes with it. http.Client builds each
+// redirected request from the caller's original, which does not hold the
+// key the Transport made; the Transport finds that key again through the
+// redirect response (Request.Response) and sends it to the new address,
+// so a cluster that sends a retry to another node replays the result
+// instead of running the operation again. A key the caller set is copied
+// by http.Client onto every hop. A 301, 302 or 303 turns the request into
+// a GET for the result, a request of its own, which gets no key.
+//
+// # Sizing the budgets with the server's lease
+//
+// A 409 means another execution holds the key. When that execution's
+// process died, the key stays held until its lease ends on the server (90s
+// by default with idem), and only then can a retry take it over and get an
+// answer. InFlightTimeout, counted from the first 409, must therefore be
+// longer than the server's lease; its default, 2 minutes, is. A client
+// that gives up earlier returns 409 for an operation the server may have
+// begun (charged a card) without storing its outcome, and leaves its
+// caller to guess. A live execution keeps its key as long as it runs
+// (idem's heartbeat extends the lease), so the budget must also exceed the
+// slowest handler. The pauses after 409s grow to MaxDelay (5s by default),
+// so a finished execution is noticed within a few seconds.
+//
+// Bound the whole call with the request's context: it caps every budget.
+// A caller whose context ends before the server's lease can end gets the
+// last 409 (or the context's error) back, and should retry later with the
+// same key, which the Trace holds.
 //
 // # Learning what happened
 //

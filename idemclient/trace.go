@@ -8,14 +8,17 @@ import (
 // Trace records what Transport did for one request. Pass it in with
 // WithTrace and read it after RoundTrip (or http.Client.Do) returns; the
 // Transport writes it while the call runs, so reading it concurrently is a
-// data race. When http.Client follows a redirect, the Trace describes the
-// last request it sent.
+// data race. When http.Client follows redirects, the Trace covers the whole
+// call: History holds the attempts of every hop, in order, and Key is the
+// operation's key, which 307 and 308 hops carry on (see the package
+// documentation).
 type Trace struct {
-	// Key is the Idempotency-Key sent on every attempt: the caller's own
-	// or the one Transport made. Empty when the request was not covered.
+	// Key is the Idempotency-Key sent on every attempt of the operation:
+	// the caller's own or the one Transport made. Empty when the request
+	// was not covered.
 	Key string
 
-	// Attempts is the number of attempts sent.
+	// Attempts is the number of attempts sent, over every hop.
 	Attempts int
 
 	// Replayed is true when the final response carried

@@ -3,8 +3,10 @@ package idemclient
 import (
 	"bytes"
 	"context"
+	cryptorand "crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -15,8 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // The header names of the contract. They match idemhttp.HeaderKey and
@@ -29,11 +29,12 @@ const (
 
 // Defaults for Transport.
 const (
-	DefaultMaxAttempts   = 5
-	DefaultBaseDelay     = 100 * time.Millisecond
-	DefaultMaxDelay      = 5 * time.Second
-	DefaultMaxRetryAfter = 30 * time.Second
-	DefaultMaxBodyBytes  = 8 << 20
+	DefaultMaxAttempts     = 5
+	DefaultBaseDelay       = 100 * time.Millisecond
+	DefaultMaxDelay        = 5 * time.Second
+	DefaultMaxRetryAfter   = 30 * time.Second
+	DefaultInFlightTimeout = 2 * time.Minute
+	DefaultMaxBodyBytes    = 8 << 20
 )
 
 // ErrAttemptTimeout is recorded in Trace.History, and returned (wrapped)
@@ -54,24 +55,44 @@ type Transport struct {
 	// too when the caller set an Idempotency-Key on it.
 	Methods []string
 
-	// MaxAttempts bounds the attempts of one request, the first included.
-	// Defaults to 5. 1 disables retries but still sets the key.
+	// MaxAttempts bounds the attempts of one operation that fail: a
+	// connection error, a timeout, 429, 502, 503 or 504. After that many
+	// failed attempts, the first included, the last outcome is returned.
+	// Answers 409 do not count: InFlightTimeout bounds them. Defaults to
+	// 5. 1 disables retries after a failure but still sets the key.
 	MaxAttempts int
 
-	// BaseDelay is the backoff before the second attempt; the backoff
-	// doubles with each attempt up to MaxDelay, and the pause actually
-	// taken is drawn uniformly between zero and it (full jitter), so that
-	// clients that failed together do not retry together. Defaults to
-	// 100ms.
+	// BaseDelay is the backoff ceiling before the first retry; the
+	// ceiling doubles with each retry up to MaxDelay. The pause taken is
+	// drawn uniformly between half the ceiling and the ceiling, so that
+	// clients that failed together do not retry together, and no pause is
+	// shorter than half of BaseDelay, whatever a Retry-After says.
+	// Failures and 409s keep separate counts. Defaults to 100ms.
 	BaseDelay time.Duration
 
 	// MaxDelay caps the backoff. Defaults to 5s.
 	MaxDelay time.Duration
 
-	// MaxRetryAfter is the longest Retry-After the Transport waits for. A
-	// response asking for a longer pause is returned to the caller instead
-	// of being retried. Defaults to 30s.
+	// MaxRetryAfter is the longest Retry-After the Transport waits for
+	// after a 429, 502, 503 or 504. A response asking for a longer pause is
+	// returned to the caller instead of being retried. Defaults to 30s.
+	// InFlightTimeout, not this, bounds the pauses after a 409.
 	MaxRetryAfter time.Duration
+
+	// InFlightTimeout is how long the Transport keeps retrying an
+	// operation answered 409 (in flight: another execution holds the
+	// key), counted from the first 409. A pause after a 409 is the
+	// backoff, or the Retry-After when that is longer; a Retry-After that
+	// ends past the budget returns the 409 at once, and the last retry is
+	// sent when the budget ends. Size it above the server's lease (idem's
+	// default lease is 90s): an execution whose process died holds the
+	// key until its lease ends, and only then may a retry take the key
+	// over and get an answer; a client that stops before that gets 409
+	// for an operation the server may have begun (charged a card) and
+	// not finished. A live but slow execution keeps its key as long as it
+	// runs, so size the budget above the slowest handler too. Defaults to
+	// 2 minutes. A negative value returns a 409 at once.
+	InFlightTimeout time.Duration
 
 	// AttemptTimeout bounds each attempt, from sending it to receiving the
 	// response headers (an idem-protected server sends them after its
@@ -91,8 +112,7 @@ type Transport struct {
 	// Defaults to 8 MiB.
 	MaxBodyBytes int64
 
-	// KeyFunc makes a new key. Defaults to a random UUIDv4
-	// (uuid.NewString).
+	// KeyFunc makes a new key. Defaults to a random UUIDv4.
 	KeyFunc func() string
 }
 
@@ -114,15 +134,35 @@ func (t *Transport) base() http.RoundTripper {
 	return http.DefaultTransport
 }
 
-func (t *Transport) covers(req *http.Request) bool {
-	if len(req.Header.Values(headerKey)) > 0 {
-		return true
-	}
+func (t *Transport) coversMethod(method string) bool {
 	methods := t.Methods
 	if len(methods) == 0 {
 		methods = []string{http.MethodPost, http.MethodPatch}
 	}
-	return slices.ContainsFunc(methods, func(m string) bool { return strings.EqualFold(m, req.Method) })
+	return slices.ContainsFunc(methods, func(m string) bool { return strings.EqualFold(m, method) })
+}
+
+// redirectedKey returns the key of the operation that req continues, when
+// http.Client made req to follow a 307 or 308: those redirects ask for the
+// same request, method and body, at another address, so it is the same
+// operation and must carry the same key. http.Client builds each hop from
+// the caller's original request, which never had the key the Transport
+// made; the previous hop's response leads back to the request the
+// Transport actually sent, key included. Other redirects (301, 302, 303)
+// turn the request into a GET for the result: a new request, not the
+// operation again.
+func redirectedKey(req *http.Request) string {
+	prev := req.Response
+	if prev == nil || prev.Request == nil {
+		return ""
+	}
+	if prev.StatusCode != http.StatusTemporaryRedirect && prev.StatusCode != http.StatusPermanentRedirect {
+		return ""
+	}
+	if !strings.EqualFold(prev.Request.Method, req.Method) {
+		return ""
+	}
+	return prev.Request.Header.Get(headerKey)
 }
 
 func orDefault[T int | int64 | time.Duration](v, def T) T {
@@ -140,21 +180,30 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	tr := TraceFrom(req.Context())
 	if tr == nil {
 		tr = &Trace{}
-	}
-	*tr = Trace{}
-	if !t.covers(req) {
-		tr.Attempts = 1
-		resp, err := t.base().RoundTrip(req)
-		tr.History = []Attempt{{Err: err}}
-		if resp != nil {
-			tr.History[0].Status = resp.StatusCode
-			tr.Replayed = isReplay(resp)
-			tr.History[0].Replayed = tr.Replayed
-		}
-		return resp, err
+	} else if req.Response == nil {
+		// A new call; a redirect hop (Response set) adds to the trace of
+		// the call it belongs to.
+		*tr = Trace{}
 	}
 
+	// The caller's key wins: http.Client copies it onto every hop, and a
+	// CheckRedirect that changed it meant it.
 	key := req.Header.Get(headerKey)
+	if key == "" {
+		key = redirectedKey(req)
+	}
+	if key == "" && !t.coversMethod(req.Method) {
+		tr.Attempts++
+		resp, err := t.base().RoundTrip(req)
+		rec := Attempt{Err: err}
+		if resp != nil {
+			rec.Status = resp.StatusCode
+			rec.Replayed = isReplay(resp)
+		}
+		tr.Replayed = rec.Replayed
+		tr.History = append(tr.History, rec)
+		return resp, err
+	}
 	if key == "" {
 		key = t.newKey()
 	}
@@ -164,19 +213,16 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	maxAttempts := orDefault(t.MaxAttempts, DefaultMaxAttempts)
-	if body.once {
-		maxAttempts = 1
-	}
 
 	ctx := req.Context()
-	for attempt := 1; ; attempt++ {
+	var budget retryBudget
+	for {
 		r := req.Clone(ctx)
 		if r.Header == nil {
 			r.Header = make(http.Header) // as http.Client does; Clone keeps a nil map
 		}
 		r.Header.Set(headerKey, key)
-		if r.Body, err = body.open(attempt); err != nil {
+		if r.Body, err = body.open(budget.attempts + 1); err != nil {
 			return nil, err
 		}
 		r.GetBody = body.getBody
@@ -184,7 +230,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			r.ContentLength = body.length
 		}
 		resp, err := t.send(r)
-		tr.Attempts = attempt
+		budget.attempts++
+		tr.Attempts++
 		rec := Attempt{Err: err}
 		if resp != nil {
 			rec.Status = resp.StatusCode
@@ -196,8 +243,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			// The caller gave up: no pause, no further attempt.
 			return nil, err
 		}
-		wait, retry := t.retryable(resp, err, attempt)
-		if retry && attempt < maxAttempts && fitsDeadline(ctx, wait) {
+		wait, retry := t.retry(resp, err, &budget, time.Now())
+		if retry && !body.once && fitsDeadline(ctx, wait) {
 			if resp != nil {
 				discard(resp)
 			}
@@ -209,6 +256,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		if resp != nil {
 			tr.Replayed = rec.Replayed
+			if resp.Request == nil || resp.Request.Header.Get(headerKey) != key {
+				// The request sent, key included, is what a 307 or 308
+				// hop finds the key through (redirectedKey).
+				resp.Request = r
+			}
 		}
 		return resp, err
 	}
@@ -218,7 +270,26 @@ func (t *Transport) newKey() string {
 	if t.KeyFunc != nil {
 		return t.KeyFunc()
 	}
-	return uuid.NewString()
+	return newUUID()
+}
+
+// newUUID returns a random (version 4) UUID in its canonical text form.
+func newUUID() string {
+	var u [16]byte
+	_, _ = cryptorand.Read(u[:]) // never fails (crypto/rand documents it)
+	u[6] = u[6]&0x0f | 0x40      // version 4
+	u[8] = u[8]&0x3f | 0x80      // RFC 9562 variant
+	var out [36]byte
+	hex.Encode(out[0:8], u[0:4])
+	out[8] = '-'
+	hex.Encode(out[9:13], u[4:6])
+	out[13] = '-'
+	hex.Encode(out[14:18], u[6:8])
+	out[18] = '-'
+	hex.Encode(out[19:23], u[8:10])
+	out[23] = '-'
+	hex.Encode(out[24:], u[10:])
+	return string(out[:])
 }
 
 // send makes one attempt, bounded by AttemptTimeout until the response
@@ -264,43 +335,88 @@ func (c *cancelOnClose) Close() error {
 	return err
 }
 
-// retryable says whether an attempt's outcome is worth another attempt with
-// the same key, and how long to wait first.
-func (t *Transport) retryable(resp *http.Response, err error, attempt int) (time.Duration, bool) {
+// retryBudget is what one operation has spent of its two budgets: failed
+// attempts, against MaxAttempts, and time since the first 409, against
+// InFlightTimeout.
+type retryBudget struct {
+	attempts  int       // attempts sent
+	failures  int       // attempts that failed (not 409)
+	conflicts int       // attempts answered 409
+	inFlight  time.Time // when the first 409 came back
+}
+
+// retry says whether an attempt's outcome is worth another attempt with the
+// same key, and how long to wait first. It charges the attempt to its
+// budget.
+func (t *Transport) retry(resp *http.Response, err error, b *retryBudget, now time.Time) (time.Duration, bool) {
 	if err != nil {
 		if !retryableError(err) {
 			return 0, false
 		}
-		return t.backoff(attempt), true
+		return t.afterFailure(b, 0)
 	}
 	if isReplay(resp) {
 		return 0, false
 	}
+	retryAfter, hasRetryAfter := parseRetryAfter(resp.Header.Get("Retry-After"), now)
 	switch resp.StatusCode {
-	case http.StatusConflict, http.StatusTooManyRequests,
-		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-	default:
-		return 0, false
-	}
-	if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
-		if d > orDefault(t.MaxRetryAfter, DefaultMaxRetryAfter) {
+	case http.StatusConflict:
+		return t.afterConflict(b, retryAfter, hasRetryAfter, now)
+	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		if hasRetryAfter && retryAfter > orDefault(t.MaxRetryAfter, DefaultMaxRetryAfter) {
 			return 0, false
 		}
-		return d, true
+		return t.afterFailure(b, retryAfter)
 	}
-	return t.backoff(attempt), true
+	return 0, false
 }
 
-// backoff is the pause after the given attempt: uniform in
-// [0, min(MaxDelay, BaseDelay·2^(attempt-1))] ("full jitter").
-func (t *Transport) backoff(attempt int) time.Duration {
+// afterFailure charges a failed attempt to MaxAttempts. The pause is the
+// backoff, or retryAfter when longer.
+func (t *Transport) afterFailure(b *retryBudget, retryAfter time.Duration) (time.Duration, bool) {
+	b.failures++
+	if b.failures >= orDefault(t.MaxAttempts, DefaultMaxAttempts) {
+		return 0, false
+	}
+	return max(t.backoff(b.failures), retryAfter), true
+}
+
+// afterConflict charges a 409 to InFlightTimeout. The pause is the
+// backoff, or the Retry-After when longer, cut short so that the last
+// retry goes out when the budget ends: a client sized to outlive a dead
+// holder's lease then asks once more after it. A Retry-After past the
+// budget's end returns the 409.
+func (t *Transport) afterConflict(b *retryBudget, retryAfter time.Duration, hasRetryAfter bool, now time.Time) (time.Duration, bool) {
+	limit := orDefault(t.InFlightTimeout, DefaultInFlightTimeout)
+	if t.InFlightTimeout < 0 {
+		return 0, false
+	}
+	b.conflicts++
+	if b.inFlight.IsZero() {
+		b.inFlight = now
+	}
+	left := limit - now.Sub(b.inFlight)
+	if left <= 0 || (hasRetryAfter && retryAfter > left) {
+		return 0, false
+	}
+	return min(max(t.backoff(b.conflicts), retryAfter), left), true
+}
+
+// backoff is the pause before the n-th retry of a kind (failure or 409):
+// uniform in [c/2, c] where c = min(MaxDelay, BaseDelay·2^(n-1)). The
+// lower half keeps a floor under every pause, so that a server answering
+// Retry-After: 0 (or a date in the past) cannot make the Transport spend
+// its attempts in a burst; the upper half spreads clients that failed
+// together.
+func (t *Transport) backoff(n int) time.Duration {
 	base := orDefault(t.BaseDelay, DefaultBaseDelay)
 	ceiling := orDefault(t.MaxDelay, DefaultMaxDelay)
-	d := ceiling
-	if shift := attempt - 1; shift < 62 && base <= ceiling>>shift {
-		d = base << shift
+	c := ceiling
+	if shift := n - 1; shift < 62 && base <= ceiling>>shift {
+		c = base << shift
 	}
-	return rand.N(d + 1)
+	half := c / 2
+	return half + rand.N(c-half+1)
 }
 
 // retryableError says whether a transport error may be transient. Only
@@ -323,7 +439,8 @@ func retryableError(err error) bool {
 }
 
 // parseRetryAfter reads Retry-After as delay-seconds or an HTTP date
-// (RFC 9110 §10.2.3). A date in the past means no wait.
+// (RFC 9110 §10.2.3). A date in the past reads as zero; a negative or
+// unreadable value as absent. Either way the backoff still applies.
 func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	v = strings.TrimSpace(v)
 	if v == "" {
