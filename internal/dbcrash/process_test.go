@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -236,9 +237,32 @@ func procState(pid int) byte {
 	return b[i+2]
 }
 
-// freePort returns a TCP port on 127.0.0.1 that nothing listens on now.
+// freePort returns a TCP port on 127.0.0.1 that nothing listens on now,
+// below the kernel's ephemeral range when it can: the server gives the
+// port up at each crash, and the port must still be free at the restart,
+// while every outgoing connection of the machine (the clients' own
+// reconnections included) takes its local port from that range.
 func freePort(t testing.TB) int {
 	t.Helper()
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	const first = 10000
+	for range 100 {
+		if low <= first {
+			break
+		}
+		port := first + mrand.IntN(low-first)
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			l.Close()
+			return port
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("free port: %v", err)

@@ -512,7 +512,7 @@ func (w *workload) verify(t *testing.T, ctx context.Context) {
 			torn++
 			report("key %s: record %+v (present %v) but business rows %v", op.key, rec, hasRec, rows)
 		}
-		var acks []string
+		var acks, how []string
 		for _, c := range op.clients {
 			clients++
 			retries += c.attempts - 1
@@ -527,8 +527,10 @@ func (w *workload) verify(t *testing.T, ctx context.Context) {
 				acks = append(acks, c.answer)
 				if c.replayed {
 					replays++
+					how = append(how, c.answer+" (replay)")
 				} else {
 					fresh++
+					how = append(how, c.answer+" (executed)")
 				}
 			}
 		}
@@ -541,8 +543,8 @@ func (w *workload) verify(t *testing.T, ctx context.Context) {
 		}
 		if !ok {
 			lost++
-			report("key %s: acknowledged %v, but the database holds business rows %v and record %+v (present %v); handler started %d times",
-				op.key, acks, rows, rec, hasRec, op.runs.Load())
+			report("key %s: answered %s, but the database holds business rows %v and record %+v (present %v); handler started %d times",
+				op.key, strings.Join(how, ", "), rows, rec, hasRec, op.runs.Load())
 		}
 	}
 	var strays []string
