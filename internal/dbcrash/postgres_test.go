@@ -20,7 +20,7 @@ import (
 )
 
 // pgTx is the handler's transaction, through idempg's accessor.
-func pgTx(ctx context.Context) pgx.Tx { return idempg.Tx(ctx) }
+func pgTx(ctx context.Context) pgx.Tx { return idempg.TxFromContext(ctx) }
 
 // postgres is a private PostgreSQL cluster.
 type postgres struct {
