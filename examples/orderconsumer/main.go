@@ -36,7 +36,7 @@ import (
 const (
 	subject  = "order.created"
 	stream   = "ORDERS"
-	consumer = "order-projector" // also the inbox's tenant
+	consumer = "order-projector" // the inbox keeps its keys under ideminbox.Tenant(consumer)
 	queue    = "order-projector.order.created"
 )
 
@@ -209,6 +209,7 @@ func consume(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	defer inbox.Close(context.WithoutCancel(ctx))
 	// Consumer keys are purged after their retention (7 days by default),
 	// like HTTP keys.
 	go func() { _ = idem.NewJanitor(d.store, &idem.JanitorConfig{Logger: logger}).Run(ctx) }()
