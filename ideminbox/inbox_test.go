@@ -318,10 +318,16 @@ func TestConfigDefaults(t *testing.T) {
 	ec := c.Engine.Config()
 	if ec.Retention != ideminbox.DefaultRetention || ec.Lease != time.Minute ||
 		c.MaxAttempts != ideminbox.DefaultMaxAttempts || c.InFlightDelay != ideminbox.DefaultInFlightDelay ||
+		c.StoreRetryInterval != ideminbox.DefaultStoreRetryInterval || c.MaxPoisonData != ideminbox.DefaultMaxPoisonData ||
 		c.RetryDelayFunc(1) != time.Second || c.RetryDelayFunc(3) != 4*time.Second || c.RetryDelayFunc(30) != time.Minute {
 		t.Fatalf("defaults: %+v, engine %+v", c, ec)
 	}
-	for _, bad := range []ideminbox.Config{{Store: idemmem.New(nil)}, {Consumer: "c"}, {Consumer: "c", Engine: engine, Store: idemmem.New(nil)}} {
+	for _, bad := range []ideminbox.Config{
+		{Store: idemmem.New(nil)},
+		{Consumer: "c"},
+		{Consumer: "c", Engine: engine, Store: idemmem.New(nil)},
+		{Consumer: strings.Repeat("c", 256), Store: idemmem.New(nil)}, // its tenant would not fit MySQL's 512 bytes
+	} {
 		if _, err := ideminbox.New(bad); err == nil {
 			t.Errorf("New(%+v) accepted", bad)
 		}

@@ -2,6 +2,7 @@ package inboxtest
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/url"
 	"sync"
@@ -26,8 +27,9 @@ type Outage struct {
 	Down func()
 	// Up brings it back, and returns once it answers.
 	Up func()
-	// FailedClaims counts the claims that failed, on every store the
-	// backend opened: each is a moment the inbox met the store down.
+	// FailedClaims counts the claims (and reads) that failed, on every
+	// store the backend opened: each is a moment the inbox met the store
+	// down.
 	FailedClaims atomic.Int64
 }
 
@@ -121,7 +123,7 @@ func PostgresOutage(t testing.TB) *Outage {
 	return o
 }
 
-// countingStore counts the claims that fail.
+// countingStore counts the claims and reads that fail.
 type countingStore struct {
 	idem.Store
 	failed *atomic.Int64
@@ -130,6 +132,14 @@ type countingStore struct {
 func (s *countingStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	r, err := s.Store.Claim(ctx, p)
 	if err != nil {
+		s.failed.Add(1)
+	}
+	return r, err
+}
+
+func (s *countingStore) Get(ctx context.Context, tenant, key string) (*idem.Record, error) {
+	r, err := s.Store.Get(ctx, tenant, key)
+	if err != nil && !errors.Is(err, idem.ErrNotFound) {
 		s.failed.Add(1)
 	}
 	return r, err
