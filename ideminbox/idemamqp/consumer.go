@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"strconv"
 	"sync"
 	"time"
 
@@ -217,11 +219,31 @@ func ackError(a ideminbox.Action, err error) error {
 	return fmt.Errorf("idemamqp: %s: %w", a, err)
 }
 
+// ConsumeQueue consumes queue on ch with manual acknowledgements and runs
+// Consume on its deliveries; when Consume returns it cancels the broker
+// consumer. Manual acknowledgement is the only mode in which the inbox can
+// work: with autoAck the broker forgets each message as it sends it, and
+// one whose handler failed is lost, neither retried nor recorded as
+// poison. consumerTag may be empty: one is generated.
+func (c *Consumer) ConsumeQueue(ctx context.Context, ch *amqp.Channel, queue, consumerTag string) error {
+	if consumerTag == "" {
+		consumerTag = "idemamqp-" + strconv.FormatUint(rand.Uint64(), 36)
+	}
+	deliveries, err := ch.Consume(queue, consumerTag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("idemamqp: consume %q: %w", queue, err)
+	}
+	defer func() { _ = ch.Cancel(consumerTag, false) }()
+	return c.Consume(ctx, deliveries)
+}
+
 // Consume runs every delivery through the inbox until ctx ends (then it
 // returns nil) or deliveries closes (then ErrClosed). Deliveries are
 // processed one at a time; the one in hand when ctx ends still runs to its
-// commit and ack. Open deliveries with autoAck false; the channel's
-// prefetch (Channel.Qos) bounds how many deliveries may be held.
+// commit and ack. Open deliveries with autoAck false (ConsumeQueue does):
+// nothing in a delivery tells, and with autoAck a failed message is lost.
+// The channel's prefetch (Channel.Qos) bounds how many deliveries may be
+// held.
 //
 //   - While the store is down, it holds the delivery in hand, unsettled,
 //     and takes no other until the store answers again: an outage spends
