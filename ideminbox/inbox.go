@@ -517,7 +517,10 @@ func (in *Inbox) poison(ctx context.Context, op idem.Operation, msg Message, att
 		// completed the message (maybe successfully): nothing to record.
 		in.local.forget(op.Key)
 		return Decision{Action: AckDuplicate}, nil
-	case err == nil:
+	case err == nil, out.Result.Status == statusPoison:
+		// The second case: ctx ended while the hook ran, on a store
+		// without transactions, and the engine stored the record all the
+		// same (see Process).
 		in.local.forget(op.Key)
 		return Decision{Action: AckPoison}, cause
 	case errors.Is(err, idem.ErrInFlight), errors.Is(err, idem.ErrLeaseLost):

@@ -227,6 +227,24 @@ func TestNonTransactionalCancelledIsStored(t *testing.T) {
 			if d.Action != ideminbox.AckDuplicate || err != nil || runs != 1 {
 				t.Fatalf("redelivery: %+v, %v, %d runs", d, err, runs)
 			}
+
+			// The same while a poison message is dead-lettered.
+			poison := newInbox(t, b.NewStore(t), func(c *ideminbox.Config) {
+				c.MaxAttempts = 1
+				c.DeadLetterFunc = func(ctx context.Context, msg ideminbox.Message, cause error) error {
+					cancel()
+					return b.Insert(ctx, inboxtest.DeadLetters, msg.ID, cause.Error())
+				}
+			})
+			ctx, cancel = context.WithCancel(context.Background())
+			defer cancel()
+			d, err = poison.Process(ctx, ideminbox.Message{ID: "p", Attempt: 1}, func(context.Context) error { return errors.New("bad") })
+			if d.Action != ideminbox.AckPoison || err == nil || err.Error() != "bad" {
+				t.Fatalf("cancelled while dead-lettering: %+v, %v; want ack-poison", d, err)
+			}
+			if st, err := poison.Status(context.Background(), "p"); err != nil || st.State != ideminbox.StatePoison {
+				t.Fatalf("status %+v, %v", st, err)
+			}
 		})
 	}
 }
