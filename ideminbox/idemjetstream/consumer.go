@@ -130,7 +130,8 @@ var ErrNotChecked = errors.New("idemjetstream: the message's consumer was not ch
 //   - a ProgressInterval not shorter than AckWait.
 //
 // Consume calls it. Call it before Handle, which refuses the messages of
-// consumers it did not accept.
+// consumers it did not accept, and again after a consumer was deleted and
+// created anew under the same name.
 func (c *Consumer) Check(ctx context.Context, cons jetstream.Consumer) error {
 	_, err := c.check(ctx, cons)
 	return err
