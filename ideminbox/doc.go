@@ -9,7 +9,7 @@
 //
 // # How a message is processed
 //
-// Inbox.Process takes the message id as key and the consumer name as
+// Inbox.Process takes the message id as key and Tenant(consumer) as
 // tenant, and:
 //
 //  1. claims the key in one atomic store operation;
@@ -19,21 +19,73 @@
 //  4. returns a Decision, and only then does the adapter acknowledge.
 //
 // A duplicate of a processed message is acknowledged without running. A
-// message in flight in another instance is negatively acknowledged with a
-// delay, never dropped. A handler error rolls the transaction back and
-// releases the key, so the redelivery runs again: unlike a deduplicator
-// that marks a message seen before its handler runs, a failed message is
-// never silently lost.
+// handler error rolls the transaction back and releases the key, so the
+// redelivery runs again: unlike a deduplicator that marks a message seen
+// before its handler runs, a failed message is never silently lost.
+//
+// # Holding instead of giving back
+//
+// Brokers count deliveries, and drop a message past a limit (JetStream's
+// MaxDeliver, a quorum queue's delivery-limit). So the inbox gives a
+// message back (Nack) only when its handler failed. When the store is
+// unreachable, or another execution holds the key, it answers Hold: the
+// adapters keep the delivery (reported in progress on JetStream,
+// unsettled on RabbitMQ), take no new message while the store is down
+// (Inbox.AwaitStore), and process the same delivery again. A store
+// outage, however long, then spends none of a message's deliveries, and a
+// message in flight elsewhere waits without being counted.
 //
 // # Poison messages
 //
-// When the handler fails on delivery Config.MaxAttempts or later (the
-// broker's count: JetStream NumDelivered, RabbitMQ x-delivery-count; an
-// in-memory count where the broker keeps none), the message is recorded as
-// complete with a poison marker, its payload and its last error, and
-// Config.DeadLetterFunc is called inside that transaction. The delivery is
-// then acknowledged. Later duplicates are acknowledged without running;
-// Inbox.Status shows the record.
+// When the handler fails on attempt Config.MaxAttempts or later, the
+// message is recorded as complete with a poison marker, its payload (up to
+// Config.MaxPoisonData bytes) and its last error, and Config.DeadLetterFunc
+// is called inside that transaction. The delivery is then acknowledged.
+// Later duplicates are acknowledged without running; Inbox.Status shows
+// the record.
+//
+// Attempts are the broker's delivery numbers (JetStream NumDelivered,
+// RabbitMQ x-delivery-count; an in-memory count where the broker keeps
+// none), less the deliveries this process knows ended without the handler
+// failing. A store failure never counts, even when it made the handler
+// fail: after a handler error the inbox checks the store, and holds the
+// delivery if the store does not answer. A delivery nobody answered
+// counts: a message that comes back past MaxAttempts while its key is
+// still held by the claim of the consumer that ran it last (which crashed,
+// or was killed, while the handler ran) is recorded as poison without
+// running again, with ErrUnanswered, once that claim's lease has ended.
+// A message that kills its consumer every time ends so.
+//
+// # What the count cannot tell
+//
+// A delivery given back without running is counted by the broker all the
+// same, and the inbox can take it off only within the process that gave
+// it back. That happens when a consumer stops while it holds messages
+// (they are given back; RabbitMQ also returns the unacknowledged
+// deliveries of a closed channel and counts each), when a process dies,
+// and when a held message outlives the broker's patience (a JetStream
+// AckWait missed because progress reports stopped; RabbitMQ's
+// consumer_timeout, 30 minutes by default, closes the channel). Each such
+// event costs one delivery to the messages then held: set MaxDeliver (or
+// a delivery limit) well above MaxAttempts, or unlimited. A message given
+// back so often that it comes back past MaxAttempts runs once more when
+// its key is free; if it fails then, it is poison at once.
+//
+// On a store without transactions (idemredis, idemmem), a handler's
+// effects cannot be undone: when the store fails after the handler ran
+// (its answer could not be stored), or the handler panicked, the key is
+// not released but stays held until its lease ends (idem.Config.Lease);
+// the message is held meanwhile, and runs a second time after it. With a
+// store that has transactions (idemsql, idempg) the handler's writes
+// roll back and there is no such window.
+//
+// # Tenants
+//
+// Consumer records live under Tenant(consumer): a control character, then
+// "inbox:", then the consumer name. HTTP keys and consumer keys may share
+// an engine and a store (Config.Engine): no HTTP tenant can be spelled
+// that way, so a request can never claim, replay or block a message's
+// key, whatever names either side uses.
 //
 // # Retention
 //
@@ -43,6 +95,6 @@
 // # Adapters
 //
 // The core knows no broker. Subpackages turn decisions into broker calls:
-// idemjetstream (NATS JetStream: Ack, NakWithDelay, Term) and idemamqp
-// (RabbitMQ: Ack, Nack with requeue, Reject).
+// idemjetstream (NATS JetStream: Ack, NakWithDelay, InProgress while
+// held, Term) and idemamqp (RabbitMQ: Ack, Nack with requeue, Reject).
 package ideminbox

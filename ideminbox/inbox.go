@@ -7,9 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/fieldtext"
@@ -17,9 +20,11 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultMaxAttempts   = 5
-	DefaultInFlightDelay = 5 * time.Second
-	DefaultRetention     = 7 * 24 * time.Hour
+	DefaultMaxAttempts        = 5
+	DefaultInFlightDelay      = 5 * time.Second
+	DefaultRetention          = 7 * 24 * time.Hour
+	DefaultStoreRetryInterval = time.Second
+	DefaultMaxPoisonData      = 1 << 20
 )
 
 // ErrNoMessageID means a message carries no id to deduplicate on. It is
@@ -27,6 +32,12 @@ const (
 // hands the message back to the broker without requeue (to its dead-letter
 // exchange, for RabbitMQ) instead of running it unprotected.
 var ErrNoMessageID = errors.New("ideminbox: the message has no id")
+
+// ErrUnanswered is the recorded cause of a message given up without
+// running again: it came back more than MaxAttempts times, and the
+// consumer that last took it stopped (crashed, was killed) while handling
+// it, as a message that kills its consumer does every time.
+var ErrUnanswered = errors.New("ideminbox: delivered more than MaxAttempts times, and the consumer that last ran it stopped before answering (the message may crash its consumer)")
 
 // HandlerFunc does the work of one message. ctx carries the store's
 // transaction (idemsql.Tx(ctx), idempg.TxFromContext(ctx)): writes made through it
@@ -50,25 +61,35 @@ type Config struct {
 	// CleanupTimeout, Logger). The inbox runs its own engine over the same
 	// store with Retention below in place of the engine's, because
 	// consumer keys must outlive broker redelivery windows, which are far
-	// longer than an HTTP client's retries. Set Engine or Store, not both.
+	// longer than an HTTP client's retries. HTTP keys and consumer keys
+	// may share the store: their tenants never meet (see Tenant). Set
+	// Engine or Store, not both.
 	Engine *idem.Engine
 
 	// Store keeps the dedup records when Engine is nil; the inbox then runs
 	// an engine with the default lease settings.
 	Store idem.Store
 
-	// Consumer names the consumer. It is the tenant of every key, so two
-	// consumers of one message (two services reading one stream) each
-	// process it once, independently. Required.
+	// Consumer names the consumer; Tenant(Consumer) is the tenant of every
+	// key, so two consumers of one message (two services reading one
+	// stream) each process it once, independently. Required, at most 255
+	// bytes.
 	Consumer string
 
-	// MaxAttempts is the delivery number from which a failing message is
-	// poison: when the handler fails on delivery MaxAttempts or later, the
-	// message is recorded as poison, handed to DeadLetterFunc and
-	// acknowledged. Deliveries are counted by the broker (see
-	// Message.Attempt), so deliveries answered "in flight" and deliveries
-	// lost to a crashed consumer count too: a message that kills its
-	// consumer every time must end as poison as well. Defaults to 5.
+	// MaxAttempts is the number of handler attempts after which a failing
+	// message is poison: when the handler fails on attempt MaxAttempts or
+	// later, the message is recorded as poison, handed to DeadLetterFunc
+	// and acknowledged. Attempts are the broker's delivery numbers (see
+	// Message.Attempt) less the deliveries this process knows ended
+	// without the handler failing (the store down, the message in flight
+	// elsewhere, a shutdown), so that a store outage never makes a message
+	// poison; the adapters hold such deliveries rather than give them
+	// back, which keeps the broker's count as it was. A delivery the
+	// consumer never answered (it crashed on it) counts: a message that
+	// comes back past MaxAttempts while its key is still held by the
+	// consumer that last ran it is recorded as poison without running
+	// again (ErrUnanswered), so that a message that kills its consumer
+	// every time ends as poison too. Defaults to 5.
 	MaxAttempts int
 
 	// DeadLetterFunc receives poison messages. Defaults to none: the
@@ -76,17 +97,28 @@ type Config struct {
 	// and error (see Inbox.Status), so it is never lost.
 	DeadLetterFunc DeadLetterFunc
 
-	// InFlightDelay is how long to wait before the redelivery of a message
-	// that another consumer instance is processing right now. Defaults to
-	// 5s. Shorter makes a concurrent duplicate settle sooner; longer keeps
-	// a message whose holder crashed from using up its deliveries before
-	// the lease ends and the key can be taken over.
+	// InFlightDelay is how long a delivery is held before it is processed
+	// again when another execution holds its key: a copy delivered while
+	// another instance processes the message, or a message whose last
+	// holder crashed and whose lease has not ended yet. Defaults to 5s.
 	InFlightDelay time.Duration
 
 	// RetryDelayFunc gives the delay before the redelivery of a message
-	// whose handler failed on delivery attempt. Defaults to 1s doubled at
-	// each attempt, capped at 1m.
+	// whose handler failed on attempt. Defaults to 1s doubled at each
+	// attempt, capped at 1m.
 	RetryDelayFunc func(attempt int) time.Duration
+
+	// StoreRetryInterval is how often AwaitStore tries the store while it
+	// is unreachable. Defaults to 1s.
+	StoreRetryInterval time.Duration
+
+	// MaxPoisonData bounds the bytes of a poison message's payload kept in
+	// its record, so that the record always fits the store (MariaDB
+	// refuses a statement larger than its max_allowed_packet, 16 MiB by
+	// default; a record that cannot be written would make the message come
+	// back forever). Status.DataSize tells the whole payload's length;
+	// DeadLetterFunc receives all of it. Defaults to 1 MiB.
+	MaxPoisonData int
 
 	// Retention is how long a processed message's key is kept, so that a
 	// duplicate arriving within it is acknowledged without running. It
@@ -95,9 +127,10 @@ type Config struct {
 	// idem.Janitor. Defaults to 7 days.
 	Retention time.Duration
 
-	// LocalAttemptsLimit bounds the failure counts kept in memory for
-	// messages whose broker reports no delivery number (Attempt 0).
-	// Defaults to 10000; past it the oldest counts are forgotten.
+	// LocalAttemptsLimit bounds the messages whose deliveries this
+	// process remembers (see MaxAttempts, and Message.Attempt for brokers
+	// that keep no count). Defaults to 10000; past it the oldest are
+	// forgotten.
 	LocalAttemptsLimit int
 
 	// Logger is the engine's logger when the inbox builds its engine from
@@ -115,13 +148,24 @@ type Config struct {
 type Inbox struct {
 	engine *idem.Engine
 	config Config
+	tenant string
 	local  *localAttempts
+	// storeEpoch counts the store checks that failed: a delivery's store
+	// failures are counted in a row only while it does not move.
+	storeEpoch atomic.Uint64
 }
+
+// maxConsumer bounds Config.Consumer: with the tenant's prefix it must fit
+// every store (MySQL keeps tenants of up to 512 bytes).
+const maxConsumer = 255
 
 // New returns an inbox.
 func New(config Config) (*Inbox, error) {
 	if config.Consumer == "" {
 		return nil, errors.New("ideminbox: Config.Consumer is required")
+	}
+	if len(config.Consumer) > maxConsumer {
+		return nil, fmt.Errorf("ideminbox: Config.Consumer is %d bytes long, more than %d", len(config.Consumer), maxConsumer)
 	}
 	if (config.Engine == nil) == (config.Store == nil) {
 		return nil, errors.New("ideminbox: set exactly one of Config.Engine and Config.Store")
@@ -152,13 +196,24 @@ func New(config Config) (*Inbox, error) {
 	if config.RetryDelayFunc == nil {
 		config.RetryDelayFunc = defaultRetryDelay
 	}
+	if config.StoreRetryInterval <= 0 {
+		config.StoreRetryInterval = DefaultStoreRetryInterval
+	}
+	if config.MaxPoisonData <= 0 {
+		config.MaxPoisonData = DefaultMaxPoisonData
+	}
 	if config.LocalAttemptsLimit <= 0 {
 		config.LocalAttemptsLimit = 10000
 	}
 	if config.Logger == nil {
 		config.Logger = engine.Config().Logger
 	}
-	return &Inbox{engine: engine, config: config, local: newLocalAttempts(config.LocalAttemptsLimit)}, nil
+	return &Inbox{
+		engine: engine,
+		config: config,
+		tenant: Tenant(config.Consumer),
+		local:  newLocalAttempts(config.LocalAttemptsLimit),
+	}, nil
 }
 
 func defaultRetryDelay(attempt int) time.Duration {
@@ -171,44 +226,49 @@ func defaultRetryDelay(attempt int) time.Duration {
 	return min(time.Second<<(attempt-1), time.Minute)
 }
 
+// Tenant returns the tenant under which the inbox of consumer keeps its
+// records: U+001F (the ASCII unit separator), "inbox:", then the consumer
+// name. HTTP keys and consumer keys may share an engine and a store; the
+// leading control character, which idemhttp refuses in the tenants its
+// TenantFunc returns, keeps the two apart whatever names either side
+// chooses: a request can never claim, replay or block a message's key,
+// nor a message a request's.
+func Tenant(consumer string) string { return tenantPrefix + consumer }
+
+const tenantPrefix = "\x1finbox:"
+
 // Config returns the inbox's configuration with defaults filled in; its
 // Engine is the inbox's own.
 func (in *Inbox) Config() Config { return in.config }
 
-// InFlightDeliveries is how many deliveries of one message the inbox may
-// answer "in flight" before its key can be taken over: a holder that
-// crashed keeps the key for its whole lease, and each answer asks for the
-// message again after InFlightDelay. These deliveries count (see
-// MaxAttempts), so a broker that stops delivering after a fixed count
-// (JetStream's MaxDeliver, a quorum queue's delivery-limit) must allow
-// more than this as well as more than MaxAttempts, or it may drop a
-// message that never ran. With the defaults (a 90s lease, 5s) it is 19.
-func (in *Inbox) InFlightDeliveries() int {
-	lease, delay := in.engine.Config().Lease, in.config.InFlightDelay
-	return int((lease+delay-1)/delay) + 1
-}
+// Close closes the inbox's engine (see idem.Engine.Close). Call it once
+// the consumers using the inbox have returned.
+func (in *Inbox) Close(ctx context.Context) error { return in.engine.Close(ctx) }
 
 // Message is what the inbox needs of a delivered message. Adapters fill it
 // from the broker's message.
 type Message struct {
 	// ID names the message: the publisher's message id, the same on every
-	// copy and redelivery. It is the dedup key, with the consumer name as
+	// copy and redelivery. It is the dedup key, with Tenant(consumer) as
 	// tenant. An id that is not a valid idem key (longer than 255 bytes,
 	// not visible ASCII) is replaced by its SHA-256, so it still dedups.
 	ID string
 
 	// Attempt is the broker's delivery number, from 1 (JetStream
-	// NumDelivered, RabbitMQ x-delivery-count + 1). Zero means the broker
-	// does not say: the inbox then counts failures itself, in memory, per
-	// process (see Config.LocalAttemptsLimit), which makes a poison message
-	// take up to MaxAttempts deliveries per consumer process.
+	// NumDelivered, RabbitMQ x-delivery-count + 1): the same number each
+	// time the same delivery is processed again after a Hold. Zero means
+	// the broker does not say: the inbox then counts failures itself, in
+	// memory, per process (see Config.LocalAttemptsLimit), which makes a
+	// poison message take up to MaxAttempts deliveries per consumer
+	// process, and a message that crashes its consumer loop forever.
 	Attempt int
 
 	// Subject is where the message came from (subject, queue); for logs
 	// and dead-lettering only.
 	Subject string
 
-	// Data is the payload. It is stored with a poison record.
+	// Data is the payload. It is stored with a poison record, up to
+	// Config.MaxPoisonData bytes.
 	Data []byte
 
 	// Raw is the broker's own message (jetstream.Msg, amqp091.Delivery),
@@ -235,6 +295,16 @@ const (
 	// Reject: the message cannot be processed safely (ErrNoMessageID);
 	// give it back without requeue.
 	Reject
+	// Hold: settle nothing; keep the delivery and process it again, the
+	// same delivery with the same Message.Attempt: once AwaitStore returns
+	// when the error wraps idem.ErrStore (the store failed; the handler's
+	// work, if it ran, was not kept), else after Decision.Delay (another
+	// execution holds the key). A delivery held, rather than given back,
+	// spends none of the broker's delivery count (JetStream MaxDeliver, a
+	// quorum queue's delivery-limit): on JetStream, report it in progress
+	// meanwhile. An adapter that cannot hold may nack instead; this
+	// process then does not count that delivery as an attempt.
+	Hold
 )
 
 // String returns the action's name, for logs.
@@ -250,6 +320,8 @@ func (a Action) String() string {
 		return "nack"
 	case Reject:
 		return "reject"
+	case Hold:
+		return "hold"
 	}
 	return "unknown"
 }
@@ -257,7 +329,8 @@ func (a Action) String() string {
 // Decision is the answer of Process: what the adapter must tell the broker.
 type Decision struct {
 	Action Action
-	// Delay is the wait before the redelivery (Nack only).
+	// Delay is the wait before the redelivery (Nack), or before processing
+	// the delivery again (Hold, in flight).
 	Delay time.Duration
 }
 
@@ -266,21 +339,37 @@ func (d Decision) Acked() bool {
 	return d.Action == Ack || d.Action == AckDuplicate || d.Action == AckPoison
 }
 
+// AwaitsStore reports whether the delivery is held until the store answers
+// again (Hold with an error wrapping idem.ErrStore): err is the error
+// Process returned with d.
+func (d Decision) AwaitsStore(err error) bool {
+	return d.Action == Hold && errors.Is(err, idem.ErrStore)
+}
+
 // Process runs handler at most once for msg, and returns what to tell the
 // broker. Acknowledge only after Process returns: by then the handler's
 // writes and the dedup record have committed together.
 //
 //   - First delivery, or redelivery of a message that failed: the handler
 //     runs; on success Ack, on failure Nack with RetryDelayFunc's delay and
-//     the handler's error, or on delivery MaxAttempts or later, the
+//     the handler's error, or on attempt MaxAttempts or later, the
 //     poison path (AckPoison and the handler's error).
 //   - Duplicate of a processed or poison message: AckDuplicate; nothing runs.
-//   - Message in flight in another instance: Nack after InFlightDelay,
+//   - Message in flight in another execution: Hold for InFlightDelay,
 //     with idem.ErrInFlight.
-//   - Store unreachable (errors.Is(err, idem.ErrStore)): Nack; the handler
-//     did not run or was rolled back.
-//   - ctx ended: Nack without delay; the attempt is not counted as a
-//     failure.
+//   - Store unreachable, before or after the handler ran, or while it ran
+//     (errors.Is(err, idem.ErrStore)): Hold until AwaitStore returns; the
+//     handler did not run, or its work was rolled back, and the delivery
+//     is not counted as an attempt. If the store keeps failing on this
+//     message although it answers AwaitStore (three times in a row), Nack
+//     with RetryDelayFunc's delay instead, so that one message the store
+//     refuses cannot hold its consumer forever.
+//   - ctx ended: Nack without delay; the delivery is not counted as an
+//     attempt. On a store without transactions, a handler that returned
+//     no error is completed all the same (see idem.Engine.Do): Ack.
+//   - Past MaxAttempts, with the key still held by the consumer that last
+//     ran it: recorded as poison without running, with ErrUnanswered,
+//     once that holder's lease has ended (Hold until then).
 //   - No id: Reject with ErrNoMessageID.
 //
 // The error explains every answer other than Ack and AckDuplicate.
@@ -288,10 +377,12 @@ func (in *Inbox) Process(ctx context.Context, msg Message, handler HandlerFunc) 
 	if msg.ID == "" {
 		return Decision{Action: Reject}, ErrNoMessageID
 	}
-	op := idem.Operation{Tenant: in.config.Consumer, Key: Key(msg.ID)}
-	attempt := msg.Attempt
-	if attempt <= 0 {
-		attempt = in.local.failures(op.Key) + 1
+	op := idem.Operation{Tenant: in.tenant, Key: Key(msg.ID)}
+	attempt := in.local.attempt(op.Key, msg.Attempt)
+	if msg.Attempt > 0 && attempt > in.config.MaxAttempts {
+		if d, err, decided := in.unanswered(ctx, op, msg, attempt); decided {
+			return d, err
+		}
 	}
 
 	out, err := in.engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
@@ -308,11 +399,16 @@ func (in *Inbox) Process(ctx context.Context, msg Message, handler HandlerFunc) 
 	case err == nil && out.Replayed:
 		in.local.forget(op.Key)
 		return Decision{Action: AckDuplicate}, nil
-	case err == nil:
+	case err == nil, out.Result.Status == statusProcessed:
+		// The second case: ctx ended while the handler ran, on a store
+		// without transactions; its effects could not be undone, so the
+		// engine completed its answer on a context of its own. It is
+		// stored: a redelivery would only be acknowledged as a duplicate.
 		in.local.forget(op.Key)
 		return Decision{Action: Ack}, nil
 	case ctx.Err() != nil:
 		// Shutting down: not the message's fault, not counted as a failure.
+		in.local.unrun(op.Key, msg.Attempt)
 		if errors.As(err, &herr) {
 			err = herr.err
 		}
@@ -321,29 +417,82 @@ func (in *Inbox) Process(ctx context.Context, msg Message, handler HandlerFunc) 
 		err = herr.err
 	case errors.As(err, &perr):
 	case errors.Is(err, idem.ErrInFlight), errors.Is(err, idem.ErrLeaseLost):
-		// Another instance holds (or took over) the key: its outcome
+		// Another execution holds (or took over) the key: its outcome
 		// decides. Come back once it has had the time to finish.
-		return Decision{Action: Nack, Delay: in.config.InFlightDelay}, err
+		in.local.unrun(op.Key, msg.Attempt)
+		return Decision{Action: Hold, Delay: in.config.InFlightDelay}, err
+	case errors.Is(err, idem.ErrClosed):
+		in.local.unrun(op.Key, msg.Attempt)
+		return Decision{Action: Nack}, err
 	default:
 		// The store failed, not the handler: never poison a message for it.
-		return Decision{Action: Nack, Delay: in.config.RetryDelayFunc(attempt)}, err
+		return in.storeFailed(op, msg, attempt, err)
 	}
 
 	// The handler failed (error or panic), and the engine rolled its writes
-	// back and released the key.
+	// back and released the key. A handler whose store went down under it
+	// fails too: check the store before counting the failure.
+	if serr := in.checkStore(ctx); serr != nil {
+		return in.storeFailed(op, msg, attempt, errors.Join(err, serr))
+	}
+	in.local.ran(op.Key, msg.Attempt)
 	if attempt < in.config.MaxAttempts {
 		if msg.Attempt <= 0 {
 			in.local.fail(op.Key)
 		}
 		return Decision{Action: Nack, Delay: in.config.RetryDelayFunc(attempt)}, err
 	}
-	return in.poison(ctx, op, msg, attempt, err)
+	return in.poison(ctx, op, msg, attempt, err, Nack)
+}
+
+// storeFailures is how many store failures in a row one delivery may meet
+// while the store answers AwaitStore, before it is given back.
+const storeFailures = 3
+
+// storeFailed answers a delivery whose store operations failed: Hold until
+// the store answers, unless the store keeps refusing this very delivery.
+func (in *Inbox) storeFailed(op idem.Operation, msg Message, attempt int, err error) (Decision, error) {
+	in.local.unrun(op.Key, msg.Attempt)
+	if in.local.storeFailure(op.Key, msg.Attempt, in.storeEpoch.Load()) > storeFailures {
+		return Decision{Action: Nack, Delay: in.config.RetryDelayFunc(attempt)}, err
+	}
+	return Decision{Action: Hold}, err
+}
+
+// unanswered decides a delivery past MaxAttempts. Every earlier failure
+// would have made the message poison by now, so some earlier deliveries
+// were never answered: given back at a shutdown before they ran (the key
+// is then free), or taken by a consumer that stopped while the handler ran
+// (the key is then still held, by a claim nobody will complete). The
+// first runs once more; the second is recorded as poison without running.
+func (in *Inbox) unanswered(ctx context.Context, op idem.Operation, msg Message, attempt int) (Decision, error, bool) {
+	rec, err := in.config.Store.Get(ctx, op.Tenant, op.Key)
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		return Decision{}, nil, false
+	case err != nil:
+		if ctx.Err() != nil {
+			in.local.unrun(op.Key, msg.Attempt)
+			return Decision{Action: Nack}, err, true
+		}
+		d, err := in.storeFailed(op, msg, attempt, &idem.StoreError{Op: "get", Err: err})
+		return d, err, true
+	case rec.State != idem.StateInFlight:
+		return Decision{}, nil, false
+	}
+	d, err := in.poison(ctx, op, msg, attempt, ErrUnanswered, Hold)
+	return d, err, true
 }
 
 // poison records msg as complete with a poison marker, in a claim of its
 // own (the handler's was released with its rollback), and calls the
-// dead-letter hook in that transaction.
-func (in *Inbox) poison(ctx context.Context, op idem.Operation, msg Message, attempt int, cause error) (Decision, error) {
+// dead-letter hook in that transaction. inFlight is the answer when the
+// key is held by another execution.
+func (in *Inbox) poison(ctx context.Context, op idem.Operation, msg Message, attempt int, cause error, inFlight Action) (Decision, error) {
+	data := msg.Data
+	if len(data) > in.config.MaxPoisonData {
+		data = data[:in.config.MaxPoisonData]
+	}
 	out, err := in.engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
 		if in.config.DeadLetterFunc != nil {
 			if err := in.config.DeadLetterFunc(ctx, msg, cause); err != nil {
@@ -354,11 +503,12 @@ func (in *Inbox) poison(ctx context.Context, op idem.Operation, msg Message, att
 			Mode:   idem.ModeResponse,
 			Status: statusPoison,
 			Header: map[string][]string{
-				headerError:   {fieldtext.Escape(cause.Error())},
-				headerAttempt: {strconv.Itoa(attempt)},
-				headerSubject: {fieldtext.Escape(msg.Subject)},
+				headerError:    {fieldText(cause.Error())},
+				headerAttempt:  {strconv.Itoa(attempt)},
+				headerSubject:  {fieldText(msg.Subject)},
+				headerDataSize: {strconv.Itoa(len(msg.Data))},
 			},
-			Body: msg.Data,
+			Body: data,
 		}, nil
 	})
 	switch {
@@ -367,17 +517,72 @@ func (in *Inbox) poison(ctx context.Context, op idem.Operation, msg Message, att
 		// completed the message (maybe successfully): nothing to record.
 		in.local.forget(op.Key)
 		return Decision{Action: AckDuplicate}, nil
-	case err == nil:
+	case err == nil, out.Result.Status == statusPoison:
+		// The second case: ctx ended while the hook ran, on a store
+		// without transactions, and the engine stored the record all the
+		// same (see Process).
 		in.local.forget(op.Key)
 		return Decision{Action: AckPoison}, cause
 	case errors.Is(err, idem.ErrInFlight), errors.Is(err, idem.ErrLeaseLost):
-		return Decision{Action: Nack, Delay: in.config.InFlightDelay}, err
+		// After a handler failure, the key is held when the handler
+		// panicked on a store without transactions (kept until its lease
+		// ends), or by a redelivery elsewhere: give the delivery back, and
+		// the next one, past MaxAttempts, is recorded once the key is
+		// free. Past MaxAttempts already, wait here for the lease to end.
+		return Decision{Action: inFlight, Delay: in.config.InFlightDelay}, err
 	case ctx.Err() != nil:
 		return Decision{Action: Nack}, err
+	case errors.Is(err, idem.ErrStore):
+		return in.storeFailed(op, msg, attempt, errors.Join(cause, err))
 	}
-	// The record could not be written or the hook failed: keep the message
-	// (it will run again, and be poison again if it fails again).
+	// The hook failed: keep the message (it will run again, and be poison
+	// again if it fails again).
 	return Decision{Action: Nack, Delay: in.config.RetryDelayFunc(attempt)}, errors.Join(cause, err)
+}
+
+// AwaitStore blocks until the store takes a claim again, trying every
+// StoreRetryInterval, or until ctx ends (then it returns ctx's error). An
+// adapter calls it while it holds a delivery that Process answered Hold
+// with a store error (Decision.AwaitsStore), and takes no new message
+// meanwhile: none could be processed.
+func (in *Inbox) AwaitStore(ctx context.Context) error {
+	for {
+		if in.checkStore(ctx) == nil {
+			return nil
+		}
+		t := time.NewTimer(in.config.StoreRetryInterval)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+// probeKey is the key the store checks claim and release. Key never
+// returns it: it hashes every id that starts with "sha256:", into 64 hex
+// digits.
+const probeKey = hashedPrefix + "store-check"
+
+// checkStore claims and releases probeKey, and returns the store's error
+// (a *idem.StoreError) if that failed. A claim lost to another check
+// counts as an answer.
+func (in *Inbox) checkStore(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, in.engine.Config().CleanupTimeout)
+	defer cancel()
+	_, err := in.engine.Do(ctx, idem.Operation{Tenant: in.tenant, Key: probeKey}, func(ctx context.Context) (idem.Result, error) {
+		idem.NotExecuted(ctx)
+		return idem.Result{Mode: idem.ModeMarker, Status: http.StatusNoContent}, nil
+	})
+	if err == nil || errors.Is(err, idem.ErrInFlight) {
+		return nil
+	}
+	if !errors.Is(err, idem.ErrStore) {
+		err = &idem.StoreError{Op: "check", Err: err}
+	}
+	in.storeEpoch.Add(1)
+	return err
 }
 
 // handlerError marks an error returned by the handler.
@@ -400,6 +605,24 @@ func Key(id string) string {
 
 const hashedPrefix = "sha256:"
 
+// maxFieldText bounds the error and subject kept in a poison record.
+const maxFieldText = 4096
+
+// fieldText returns s fit for a stored header value: control characters
+// escaped, and cut to maxFieldText bytes (on a character boundary).
+func fieldText(s string) string {
+	s = fieldtext.Escape(s)
+	if len(s) <= maxFieldText {
+		return s
+	}
+	const mark = "…(truncated)"
+	cut := maxFieldText - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
+
 // Status codes stored in idem.Result.Status for consumer records.
 const (
 	statusProcessed = 200
@@ -408,7 +631,8 @@ const (
 
 // Header names of a poison record's idem.Result.Header.
 const (
-	headerError   = "Ideminbox-Error"
-	headerAttempt = "Ideminbox-Attempt"
-	headerSubject = "Ideminbox-Subject"
+	headerError    = "Ideminbox-Error"
+	headerAttempt  = "Ideminbox-Attempt"
+	headerSubject  = "Ideminbox-Subject"
+	headerDataSize = "Ideminbox-Data-Size"
 )

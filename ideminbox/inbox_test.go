@@ -238,7 +238,7 @@ func TestConsumersAreIndependent(t *testing.T) {
 	}
 }
 
-func TestInFlightIsNackedWithDelay(t *testing.T) {
+func TestInFlightIsHeldWithDelay(t *testing.T) {
 	in := newInbox(t, idemmem.New(nil), func(c *ideminbox.Config) { c.InFlightDelay = 7 * time.Second })
 	entered, release := make(chan struct{}), make(chan struct{})
 	done := make(chan ideminbox.Decision)
@@ -255,7 +255,7 @@ func TestInFlightIsNackedWithDelay(t *testing.T) {
 		t.Error("ran while in flight")
 		return nil
 	})
-	if d.Action != ideminbox.Nack || d.Delay != 7*time.Second || !errors.Is(err, idem.ErrInFlight) {
+	if d.Action != ideminbox.Hold || d.Delay != 7*time.Second || !errors.Is(err, idem.ErrInFlight) {
 		t.Fatalf("in flight: %+v, %v", d, err)
 	}
 	close(release)
@@ -318,10 +318,16 @@ func TestConfigDefaults(t *testing.T) {
 	ec := c.Engine.Config()
 	if ec.Retention != ideminbox.DefaultRetention || ec.Lease != time.Minute ||
 		c.MaxAttempts != ideminbox.DefaultMaxAttempts || c.InFlightDelay != ideminbox.DefaultInFlightDelay ||
+		c.StoreRetryInterval != ideminbox.DefaultStoreRetryInterval || c.MaxPoisonData != ideminbox.DefaultMaxPoisonData ||
 		c.RetryDelayFunc(1) != time.Second || c.RetryDelayFunc(3) != 4*time.Second || c.RetryDelayFunc(30) != time.Minute {
 		t.Fatalf("defaults: %+v, engine %+v", c, ec)
 	}
-	for _, bad := range []ideminbox.Config{{Store: idemmem.New(nil)}, {Consumer: "c"}, {Consumer: "c", Engine: engine, Store: idemmem.New(nil)}} {
+	for _, bad := range []ideminbox.Config{
+		{Store: idemmem.New(nil)},
+		{Consumer: "c"},
+		{Consumer: "c", Engine: engine, Store: idemmem.New(nil)},
+		{Consumer: strings.Repeat("c", 256), Store: idemmem.New(nil)}, // its tenant would not fit MySQL's 512 bytes
+	} {
 		if _, err := ideminbox.New(bad); err == nil {
 			t.Errorf("New(%+v) accepted", bad)
 		}
@@ -350,8 +356,8 @@ func TestHandlerErrorsAreFailures(t *testing.T) {
 			if name == "panic" {
 				// idemmem has no transaction: what a panicking handler did
 				// may stand, so its key stays held until the lease ends.
-				if d.Action != ideminbox.Nack || !errors.Is(err, idem.ErrInFlight) {
-					t.Fatalf("second delivery after a panic: %+v, %v; want nack, in flight", d, err)
+				if d.Action != ideminbox.Hold || !errors.Is(err, idem.ErrInFlight) {
+					t.Fatalf("second delivery after a panic: %+v, %v; want hold, in flight", d, err)
 				}
 				return
 			}

@@ -48,14 +48,18 @@ type Status struct {
 	Attempt int
 	// Subject is where a poison message came from.
 	Subject string
-	// Data is the payload of a poison message.
+	// Data is the payload of a poison message, or its first
+	// Config.MaxPoisonData bytes.
 	Data []byte
+	// DataSize is the length of the whole payload of a poison message:
+	// more than len(Data) when Data was cut.
+	DataSize int
 }
 
 // Status reads the record of the message id, as stored: a record past
 // retention that no purge has deleted yet is still reported.
 func (in *Inbox) Status(ctx context.Context, id string) (Status, error) {
-	rec, err := in.config.Store.Get(ctx, in.config.Consumer, Key(id))
+	rec, err := in.config.Store.Get(ctx, in.tenant, Key(id))
 	if errors.Is(err, idem.ErrNotFound) {
 		return Status{State: StateAbsent}, nil
 	}
@@ -68,7 +72,7 @@ func (in *Inbox) Status(ctx context.Context, id string) (Status, error) {
 	if rec.Result.Status != statusPoison {
 		return Status{State: StateProcessed}, nil
 	}
-	st := Status{State: StatePoison, Data: rec.Result.Body}
+	st := Status{State: StatePoison, Data: rec.Result.Body, DataSize: len(rec.Result.Body)}
 	h := rec.Result.Header
 	if v := h[headerError]; len(v) > 0 {
 		st.Error = v[0]
@@ -78,6 +82,11 @@ func (in *Inbox) Status(ctx context.Context, id string) (Status, error) {
 	}
 	if v := h[headerAttempt]; len(v) > 0 {
 		st.Attempt, _ = strconv.Atoi(v[0])
+	}
+	if v := h[headerDataSize]; len(v) > 0 {
+		if n, err := strconv.Atoi(v[0]); err == nil {
+			st.DataSize = n
+		}
 	}
 	return st, nil
 }

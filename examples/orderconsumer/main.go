@@ -36,7 +36,7 @@ import (
 const (
 	subject  = "order.created"
 	stream   = "ORDERS"
-	consumer = "order-projector" // also the inbox's tenant
+	consumer = "order-projector" // the inbox keeps its keys under ideminbox.Tenant(consumer)
 	queue    = "order-projector.order.created"
 )
 
@@ -209,6 +209,7 @@ func consume(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	defer inbox.Close(context.WithoutCancel(ctx))
 	// Consumer keys are purged after their retention (7 days by default),
 	// like HTTP keys.
 	go func() { _ = idem.NewJanitor(d.store, &idem.JanitorConfig{Logger: logger}).Run(ctx) }()
@@ -267,10 +268,6 @@ func consume(ctx context.Context, o options) error {
 		if err := ch.Qos(8, 0, false); err != nil {
 			return err
 		}
-		deliveries, err := ch.Consume(queue, consumer, false, false, false, false, nil)
-		if err != nil {
-			return err
-		}
 		c, err := idemamqp.New(inbox, func(ctx context.Context, dl amqp.Delivery) error {
 			return d.project(ctx, dl.Body)
 		}, &idemamqp.Config{ObserveFunc: func(dl amqp.Delivery, dec ideminbox.Decision, err error) {
@@ -280,7 +277,8 @@ func consume(ctx context.Context, o options) error {
 			return err
 		}
 		fmt.Println("consuming", subject, "from RabbitMQ queue", queue, "(Ctrl-C to stop)")
-		return c.Consume(ctx, deliveries)
+		// Manual acknowledgements: with autoAck a failed order would be lost.
+		return c.ConsumeQueue(ctx, ch, queue, consumer)
 	}
 	return fmt.Errorf("unknown broker %q (want nats or amqp)", o.broker)
 }

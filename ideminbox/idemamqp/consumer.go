@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"strconv"
 	"sync"
 	"time"
 
@@ -33,16 +35,17 @@ type Config struct {
 	// KeyFunc returns the id of a delivery. Defaults to DefaultKey.
 	KeyFunc func(d amqp.Delivery) (string, error)
 
-	// ObserveFunc, when set, is called for every keyed delivery once the
-	// inbox has decided, after any commit and before the acknowledgement,
-	// with the decision and its error: for metrics, tracing or tests
-	// (a crash here is a crash between commit and ack). It must not
+	// ObserveFunc, when set, is called for every answer of the inbox to a
+	// keyed delivery, after any commit and before the acknowledgement,
+	// with the decision and its error: for metrics, tracing or tests (a
+	// crash here is a crash between commit and ack). A delivery held
+	// (ideminbox.Hold) is observed each time it is processed. It must not
 	// acknowledge the delivery.
 	ObserveFunc func(d amqp.Delivery, dec ideminbox.Decision, err error)
 
-	// Logger receives a line for every delivery that was not simply acked
-	// (failures, poison, in flight, acknowledgement errors). Defaults to
-	// the inbox's logger.
+	// Logger receives a line for every answer but a plain ack (failures,
+	// poison, held deliveries, acknowledgement errors). Defaults to the
+	// inbox's logger.
 	Logger *slog.Logger
 }
 
@@ -126,20 +129,29 @@ func Attempt(d amqp.Delivery) int {
 // Handle processes one delivery and acknowledges it according to the
 // inbox's decision, after the commit. For a Nack it holds the delivery for
 // the decision's delay (less if ctx ends) before requeueing it: RabbitMQ
-// has no delayed requeue. It returns the decision and the error that
+// has no delayed requeue. A delivery the inbox answers Hold is kept
+// unsettled and processed again in place (after the delay, or once the
+// store answers), so Handle may block for as long as the store is down or
+// a crashed holder's lease runs; when ctx ends first, it is requeued and
+// the Hold decision returned. It returns the decision and the error that
 // explains it (see ideminbox.Inbox.Process), or the error of the
 // acknowledgement.
 func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) (ideminbox.Decision, error) {
-	dec, err := c.decide(ctx, d)
-	if dec.Action == ideminbox.Nack {
+	dec, err := c.decide(ctx, ctx, d, true)
+	switch dec.Action {
+	case ideminbox.Nack:
 		err = errors.Join(err, c.requeue(ctx, d, dec.Delay))
+	case ideminbox.Hold:
+		err = errors.Join(err, c.requeue(ctx, d, 0))
 	}
 	return dec, err
 }
 
-// decide runs the inbox and sends every acknowledgement but a Nack, which
-// it leaves to the caller.
-func (c *Consumer) decide(ctx context.Context, d amqp.Delivery) (ideminbox.Decision, error) {
+// decide runs the inbox with work as the handler's context, holding the
+// delivery in place while the store is down (and, when inPlace, while its
+// key is in flight elsewhere) until ctx ends, and sends every
+// acknowledgement but a Nack or a Hold, which it leaves to the caller.
+func (c *Consumer) decide(work, ctx context.Context, d amqp.Delivery, inPlace bool) (ideminbox.Decision, error) {
 	id, err := c.keyFunc(d)
 	if err != nil {
 		// Running it without a key would be the silent pass the inbox
@@ -147,30 +159,55 @@ func (c *Consumer) decide(ctx context.Context, d amqp.Delivery) (ideminbox.Decis
 		return ideminbox.Decision{Action: ideminbox.Reject}, errors.Join(err, ackError(ideminbox.Reject, d.Reject(false)))
 	}
 	msg := ideminbox.Message{ID: id, Attempt: Attempt(d), Subject: d.RoutingKey, Data: d.Body, Raw: d}
-	dec, err := c.inbox.Process(ctx, msg, func(ctx context.Context) error { return c.handler(ctx, d) })
-	if c.observe != nil {
-		c.observe(d, dec, err)
+	for {
+		dec, err := c.inbox.Process(work, msg, func(ctx context.Context) error { return c.handler(ctx, d) })
+		if c.observe != nil {
+			c.observe(d, dec, err)
+		}
+		switch dec.Action {
+		case ideminbox.Ack, ideminbox.AckDuplicate, ideminbox.AckPoison:
+			return dec, errors.Join(err, ackError(dec.Action, d.Ack(false)))
+		case ideminbox.Reject:
+			return dec, errors.Join(err, ackError(dec.Action, d.Reject(false)))
+		case ideminbox.Hold:
+		default:
+			return dec, err
+		}
+		c.log(ctx, d, dec, err)
+		switch {
+		case dec.AwaitsStore(err):
+			if c.inbox.AwaitStore(ctx) != nil {
+				return dec, err
+			}
+		case !inPlace:
+			return dec, err
+		default:
+			if !sleep(ctx, dec.Delay) {
+				return dec, err
+			}
+		}
 	}
-	switch dec.Action {
-	case ideminbox.Ack, ideminbox.AckDuplicate, ideminbox.AckPoison:
-		err = errors.Join(err, ackError(dec.Action, d.Ack(false)))
-	case ideminbox.Reject:
-		err = errors.Join(err, ackError(dec.Action, d.Reject(false)))
-	}
-	return dec, err
 }
 
 // requeue holds d for delay, or until waitCtx ends, then requeues it.
 func (c *Consumer) requeue(waitCtx context.Context, d amqp.Delivery, delay time.Duration) error {
-	if delay > 0 {
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-waitCtx.Done():
-			t.Stop()
-		}
-	}
+	sleep(waitCtx, delay)
 	return ackError(ideminbox.Nack, d.Nack(false, true))
+}
+
+// sleep waits d, or until ctx ends, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func ackError(a ideminbox.Action, err error) error {
@@ -182,22 +219,95 @@ func ackError(a ideminbox.Action, err error) error {
 	return fmt.Errorf("idemamqp: %s: %w", a, err)
 }
 
+// ConsumeQueue consumes queue on ch with manual acknowledgements and runs
+// Consume on its deliveries; when Consume returns it cancels the broker
+// consumer. Manual acknowledgement is the only mode in which the inbox can
+// work: with autoAck the broker forgets each message as it sends it, and
+// one whose handler failed is lost, neither retried nor recorded as
+// poison. consumerTag may be empty: one is generated.
+func (c *Consumer) ConsumeQueue(ctx context.Context, ch *amqp.Channel, queue, consumerTag string) error {
+	if consumerTag == "" {
+		consumerTag = "idemamqp-" + strconv.FormatUint(rand.Uint64(), 36)
+	}
+	deliveries, err := ch.Consume(queue, consumerTag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("idemamqp: consume %q: %w", queue, err)
+	}
+	defer func() { _ = ch.Cancel(consumerTag, false) }()
+	return c.Consume(ctx, deliveries)
+}
+
 // Consume runs every delivery through the inbox until ctx ends (then it
 // returns nil) or deliveries closes (then ErrClosed). Deliveries are
 // processed one at a time; the one in hand when ctx ends still runs to its
-// commit and ack. A delivery to requeue after a delay is held aside while
-// the next ones are processed, and requeued at once when Consume returns.
-// Open deliveries with autoAck false; the channel's prefetch (Channel.Qos)
-// bounds how many deliveries may be held. Deliveries the broker pushed
-// that Consume had not taken yet stay unacknowledged when it returns: cancel
-// the consumer (Channel.Cancel) or close the channel, and RabbitMQ puts
-// them back in the queue; nothing is lost, and nothing ran.
+// commit and ack. Open deliveries with autoAck false (ConsumeQueue does):
+// nothing in a delivery tells, and with autoAck a failed message is lost.
+// The channel's prefetch (Channel.Qos) bounds how many deliveries may be
+// held.
+//
+//   - While the store is down, it holds the delivery in hand, unsettled,
+//     and takes no other until the store answers again: an outage spends
+//     none of the messages' deliveries (x-delivery-count), however long
+//     it lasts, within the broker's consumer timeout (see the package
+//     documentation).
+//   - A delivery whose key another execution holds is kept aside,
+//     unsettled, and processed again after the inbox's InFlightDelay,
+//     while the next deliveries are processed.
+//   - A delivery to requeue after a delay (its handler failed) is held
+//     aside likewise, then requeued.
+//
+// When Consume returns, the deliveries it holds aside are requeued at
+// once. Deliveries the broker pushed that Consume had not taken yet stay
+// unacknowledged: cancel the consumer (Channel.Cancel) or close the
+// channel, and RabbitMQ puts them back in the queue; nothing is lost, and
+// nothing ran, but a quorum queue counts one more delivery for each.
 func (c *Consumer) Consume(ctx context.Context, deliveries <-chan amqp.Delivery) error {
 	work := context.WithoutCancel(ctx)
-	held, release := context.WithCancel(context.Background())
+	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	defer release()
+	defer close(stop)
+	due := make(chan amqp.Delivery)
+	// aside keeps d unsettled for delay; then a Hold comes back through due
+	// and a Nack is requeued. Both are requeued at once when Consume
+	// returns.
+	aside := func(d amqp.Delivery, dec ideminbox.Decision) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTimer(dec.Delay)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				if dec.Action == ideminbox.Hold {
+					select {
+					case due <- d:
+						return
+					case <-stop:
+					}
+				}
+			case <-stop:
+			}
+			if err := ackError(ideminbox.Nack, d.Nack(false, true)); err != nil {
+				c.log(ctx, d, dec, err)
+			}
+		}()
+	}
+	run := func(d amqp.Delivery) {
+		dec, err := c.decide(work, ctx, d, false)
+		switch {
+		case dec.Action == ideminbox.Hold && ctx.Err() == nil:
+			aside(d, dec)
+			return
+		case dec.Action == ideminbox.Hold:
+			err = errors.Join(err, ackError(ideminbox.Nack, d.Nack(false, true)))
+		case dec.Action == ideminbox.Nack:
+			aside(d, dec)
+		}
+		if dec.Action != ideminbox.Hold {
+			c.log(ctx, d, dec, err)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -206,18 +316,9 @@ func (c *Consumer) Consume(ctx context.Context, deliveries <-chan amqp.Delivery)
 			if !ok {
 				return ErrClosed
 			}
-			dec, err := c.decide(work, d)
-			c.log(ctx, d, dec, err)
-			if dec.Action != ideminbox.Nack {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := c.requeue(held, d, dec.Delay); err != nil {
-					c.log(ctx, d, dec, err)
-				}
-			}()
+			run(d)
+		case d := <-due:
+			run(d)
 		}
 	}
 }
@@ -230,7 +331,7 @@ func (c *Consumer) log(ctx context.Context, d amqp.Delivery, dec ideminbox.Decis
 	switch {
 	case dec.Action == ideminbox.Reject || dec.Action == ideminbox.AckPoison:
 		level = slog.LevelError
-	case dec.Action == ideminbox.Nack && errors.Is(err, idem.ErrInFlight):
+	case dec.Action == ideminbox.Hold && errors.Is(err, idem.ErrInFlight):
 		level = slog.LevelInfo
 	}
 	c.logger.Log(ctx, level, "idemamqp: message not processed",

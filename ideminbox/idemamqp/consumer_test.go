@@ -47,15 +47,25 @@ type bench struct {
 	ch        *amqp.Channel
 	queue     string
 	queueType string
+	args      amqp.Table
 
 	mu        sync.Mutex
 	decisions map[string][]ideminbox.Action // by message id
+	trace     map[string][]string           // by message id: "action@delivery", held ones left out
 	calls     map[string]int                // handler runs by message id
 	instances []*instance
 }
 
 func newBench(t *testing.T, b *inboxtest.Backend, queueType string) *bench {
 	t.Helper()
+	return newBenchArgs(t, b, amqp.Table{"x-queue-type": queueType})
+}
+
+// newBenchArgs is newBench with the queue's arguments, x-queue-type
+// among them.
+func newBenchArgs(t *testing.T, b *inboxtest.Backend, args amqp.Table) *bench {
+	t.Helper()
+	queueType := args["x-queue-type"].(string)
 	url := testenv.AMQPURL(t)
 	conn, err := amqp.Dial(url)
 	if err != nil {
@@ -67,12 +77,12 @@ func newBench(t *testing.T, b *inboxtest.Backend, queueType string) *bench {
 		t.Fatal(err)
 	}
 	queue := testenv.Name()
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": queueType}); err != nil {
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
 		t.Fatalf("declare %s queue: %v", queueType, err)
 	}
 	t.Cleanup(func() { _, _ = ch.QueueDelete(queue, false, false, false) })
-	return &bench{t: t, b: b, url: url, ch: ch, queue: queue, queueType: queueType,
-		decisions: map[string][]ideminbox.Action{}, calls: map[string]int{}}
+	return &bench{t: t, b: b, url: url, ch: ch, queue: queue, queueType: queueType, args: args,
+		decisions: map[string][]ideminbox.Action{}, trace: map[string][]string{}, calls: map[string]int{}}
 }
 
 func (be *bench) publish(id, body string) {
@@ -136,6 +146,9 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 	observed.ObserveFunc = func(d amqp.Delivery, dec ideminbox.Decision, _ error) {
 		be.mu.Lock()
 		be.decisions[d.MessageId] = append(be.decisions[d.MessageId], dec.Action)
+		if dec.Action != ideminbox.Hold {
+			be.trace[d.MessageId] = append(be.trace[d.MessageId], fmt.Sprintf("%s@%d", dec.Action, max(Attempt(d), 1)))
+		}
 		be.mu.Unlock()
 		if hook != nil {
 			hook(in, d, dec)
@@ -193,7 +206,7 @@ func (be *bench) settle(what string, cond func() bool) {
 	for _, in := range instances {
 		in.stop()
 	}
-	q, err := be.ch.QueueDeclarePassive(be.queue, true, false, false, false, amqp.Table{"x-queue-type": be.queueType})
+	q, err := be.ch.QueueDeclarePassive(be.queue, true, false, false, false, be.args)
 	if err != nil {
 		be.t.Fatalf("inspect queue: %v", err)
 	}

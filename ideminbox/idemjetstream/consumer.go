@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -25,26 +26,27 @@ type Config struct {
 	// KeyFunc returns the id of a message. Defaults to DefaultKey.
 	KeyFunc func(msg jetstream.Msg) (string, error)
 
-	// ObserveFunc, when set, is called for every keyed delivery once the
-	// inbox has decided, after any commit and before the acknowledgement,
-	// with the decision and its error: for metrics, tracing or tests
-	// (a crash here is a crash between commit and ack). It must not
+	// ObserveFunc, when set, is called for every answer of the inbox to a
+	// keyed delivery, after any commit and before the acknowledgement,
+	// with the decision and its error: for metrics, tracing or tests (a
+	// crash here is a crash between commit and ack). A delivery held
+	// (ideminbox.Hold) is observed each time it is processed. It must not
 	// acknowledge the delivery.
 	ObserveFunc func(msg jetstream.Msg, d ideminbox.Decision, err error)
 
-	// Logger receives a line for every delivery that was not simply acked
-	// (failures, poison, in flight, acknowledgement errors). Defaults to
-	// the inbox's logger.
+	// Logger receives a line for every answer but a plain ack (failures,
+	// poison, held messages, acknowledgement errors). Defaults to the
+	// inbox's logger.
 	Logger *slog.Logger
 
-	// ProgressInterval is how often a message whose handler is still
-	// running is reported in progress to the server (msg.InProgress),
-	// which restarts its AckWait: a handler slower than AckWait then keeps
-	// its message instead of the server sending a copy to another
-	// instance (which the inbox would answer "in flight", nack, and see
-	// again until the first one finishes). Zero means a third of the
-	// consumer's AckWait in Consume, and never in Handle, which does not
-	// know it; negative turns it off.
+	// ProgressInterval is how often a message the consumer holds (its
+	// handler running, waiting for the store to come back, or for another
+	// instance to finish it, or fetched and waiting its turn) is reported
+	// in progress to the server (msg.InProgress), which restarts its
+	// AckWait: the server then neither sends a copy to another instance
+	// nor counts a redelivery against MaxDeliver. Zero means a third of
+	// the consumer's AckWait; negative turns the reports off. It must be
+	// shorter than AckWait.
 	ProgressInterval time.Duration
 }
 
@@ -58,9 +60,13 @@ type Consumer struct {
 	logger  *slog.Logger
 	// progress is Config.ProgressInterval.
 	progress time.Duration
+	observe  func(jetstream.Msg, ideminbox.Decision, error)
 
-	observe func(jetstream.Msg, ideminbox.Decision, error)
+	mu      sync.Mutex
+	checked map[consumerName]time.Duration // consumers Check accepted: their progress interval
 }
+
+type consumerName struct{ stream, consumer string }
 
 // New returns a consumer running handler through inbox. A nil config means
 // the defaults.
@@ -68,7 +74,10 @@ func New(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*Consumer
 	if inbox == nil || handler == nil {
 		return nil, errors.New("idemjetstream: New needs an inbox and a handler")
 	}
-	c := &Consumer{inbox: inbox, handler: handler, keyFunc: DefaultKey, logger: inbox.Config().Logger}
+	c := &Consumer{
+		inbox: inbox, handler: handler, keyFunc: DefaultKey, logger: inbox.Config().Logger,
+		checked: make(map[consumerName]time.Duration),
+	}
 	if config != nil {
 		if config.KeyFunc != nil {
 			c.keyFunc = config.KeyFunc
@@ -83,7 +92,11 @@ func New(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*Consumer
 }
 
 // DefaultKey returns the message's Nats-Msg-Id header or, when it has
-// none, "<stream>:<stream sequence>".
+// none, "<stream>:<stream sequence>:<time stored, Unix nanoseconds>". The
+// sequence alone would not do: a stream deleted and created again (or a
+// memory stream lost with its server) numbers its messages from 1 again,
+// and new messages would be taken for processed ones. The time the server
+// stored the message, the same in every redelivery, tells them apart.
 func DefaultKey(msg jetstream.Msg) (string, error) {
 	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
 		return id, nil
@@ -92,140 +105,406 @@ func DefaultKey(msg jetstream.Msg) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("idemjetstream: no %s header and no metadata: %w", jetstream.MsgIDHeader, err)
 	}
-	return md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10), nil
+	return md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10) + ":" + strconv.FormatInt(md.Timestamp.UnixNano(), 10), nil
+}
+
+// ErrConsumerConfig is wrapped by the errors of Check (and so of Consume)
+// for a JetStream consumer the inbox cannot work over.
+var ErrConsumerConfig = errors.New("idemjetstream: consumer configuration unfit for the inbox")
+
+// ErrNotChecked is wrapped by the error of Handle for a message of a
+// consumer that Check has not accepted.
+var ErrNotChecked = errors.New("idemjetstream: the message's consumer was not checked (call Consumer.Check first)")
+
+// Check reads the configuration of cons from the server and refuses, with
+// an error wrapping ErrConsumerConfig, a consumer over which the inbox
+// could lose messages:
+//
+//   - an ack policy other than explicit: with AckAll, acknowledging a
+//     message acknowledges every earlier one, including one whose handler
+//     failed and was only negatively acknowledged; with AckNone nothing is
+//     ever redelivered. Either way a failed message would be lost, never
+//     retried nor recorded as poison;
+//   - a MaxDeliver not above the inbox's MaxAttempts: the server would drop
+//     a failing message before the inbox records it as poison;
+//   - a ProgressInterval not shorter than AckWait.
+//
+// Consume calls it. Call it before Handle, which refuses the messages of
+// consumers it did not accept, and again after a consumer was deleted and
+// created anew under the same name.
+func (c *Consumer) Check(ctx context.Context, cons jetstream.Consumer) error {
+	_, err := c.check(ctx, cons)
+	return err
+}
+
+// check is Check, returning the interval of progress reports for the
+// consumer's messages.
+func (c *Consumer) check(ctx context.Context, cons jetstream.Consumer) (time.Duration, error) {
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("idemjetstream: reading the consumer's configuration: %w", err)
+	}
+	cfg, in := info.Config, c.inbox.Config()
+	if cfg.AckPolicy != jetstream.AckExplicitPolicy {
+		return 0, fmt.Errorf("%w: consumer %q has ack policy %s; only explicit acknowledgement keeps a failed message: with %s, acknowledging a later message also acknowledges one whose handler failed, and with %s nothing is redelivered, so the message would be lost, neither retried nor recorded as poison; use jetstream.AckExplicitPolicy",
+			ErrConsumerConfig, info.Name, cfg.AckPolicy, jetstream.AckAllPolicy, jetstream.AckNonePolicy)
+	}
+	if md := cfg.MaxDeliver; md > 0 && md <= in.MaxAttempts {
+		return 0, fmt.Errorf("%w: consumer %q has MaxDeliver %d, not above the inbox's MaxAttempts %d: the server would drop failing messages before they are recorded as poison; use -1",
+			ErrConsumerConfig, info.Name, md, in.MaxAttempts)
+	}
+	every := c.progress
+	if every == 0 {
+		every = cfg.AckWait / 3
+	}
+	if every > 0 && every >= cfg.AckWait {
+		return 0, fmt.Errorf("%w: ProgressInterval %v is not shorter than consumer %q's AckWait %v: held messages would be redelivered",
+			ErrConsumerConfig, every, info.Name, cfg.AckWait)
+	}
+	c.mu.Lock()
+	c.checked[consumerName{info.Stream, info.Name}] = every
+	c.mu.Unlock()
+	return every, nil
 }
 
 // Handle processes one message and acknowledges it according to the
 // inbox's decision, after the commit. It returns the decision and the
 // error that explains it (see ideminbox.Inbox.Process), or the error of
 // the acknowledgement.
+//
+// A message the inbox answers Hold is kept, reported in progress, and
+// processed again in place (after the delay, or once the store answers):
+// Handle may block for as long as the store is down, or a crashed
+// holder's lease runs. When ctx ends first, the message is negatively
+// acknowledged and the Hold decision returned.
+//
+// The message's consumer must have been accepted by Check: otherwise
+// Handle returns an error wrapping ErrNotChecked, a zero Decision, and
+// leaves the message untouched.
 func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (ideminbox.Decision, error) {
-	return c.handle(ctx, msg, c.progress)
+	md, err := msg.Metadata()
+	if err != nil {
+		return ideminbox.Decision{}, fmt.Errorf("idemjetstream: not a JetStream message: %w", err)
+	}
+	c.mu.Lock()
+	every, ok := c.checked[consumerName{md.Stream, md.Consumer}]
+	c.mu.Unlock()
+	if !ok {
+		return ideminbox.Decision{}, fmt.Errorf("%w: stream %q, consumer %q", ErrNotChecked, md.Stream, md.Consumer)
+	}
+	p := newProgress(every)
+	defer p.close()
+	p.add(msg)
+	d, err := c.process(ctx, ctx, msg, true)
+	p.remove(msg)
+	return d, errors.Join(err, c.settle(msg, d))
 }
 
-// handle is Handle, reporting progress every interval while the message
-// is processed (not when interval ≤ 0).
-func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg, interval time.Duration) (ideminbox.Decision, error) {
+// process runs msg through the inbox with work as the handler's context,
+// holding it in place while the store is down (and, when inPlace, while
+// its key is in flight elsewhere) until ctx ends. It settles nothing but a
+// message that cannot be keyed (Term).
+func (c *Consumer) process(work, ctx context.Context, msg jetstream.Msg, inPlace bool) (ideminbox.Decision, error) {
 	id, err := c.keyFunc(msg)
 	if err != nil {
 		// Without a key the message cannot be processed safely; Term hands
 		// it to the server's advisories instead of running it unprotected
 		// or redelivering it forever.
-		return ideminbox.Decision{Action: ideminbox.Reject}, errors.Join(err, msg.Term())
+		return ideminbox.Decision{Action: ideminbox.Reject}, err
 	}
 	m := ideminbox.Message{ID: id, Subject: msg.Subject(), Data: msg.Data(), Raw: msg}
 	if md, err := msg.Metadata(); err == nil {
 		m.Attempt = int(min(md.NumDelivered, 1<<31-1))
 	}
-	stop := reportProgress(msg, interval)
-	d, err := c.inbox.Process(ctx, m, func(ctx context.Context) error { return c.handler(ctx, msg) })
-	stop()
-	if c.observe != nil {
-		c.observe(msg, d, err)
-	}
-	var ackErr error
-	switch d.Action {
-	case ideminbox.Ack, ideminbox.AckDuplicate, ideminbox.AckPoison:
-		ackErr = msg.Ack()
-	case ideminbox.Nack:
-		if d.Delay > 0 {
-			ackErr = msg.NakWithDelay(d.Delay)
-		} else {
-			ackErr = msg.Nak()
+	for {
+		d, err := c.inbox.Process(work, m, func(ctx context.Context) error { return c.handler(ctx, msg) })
+		if c.observe != nil {
+			c.observe(msg, d, err)
 		}
-	case ideminbox.Reject:
-		ackErr = msg.Term()
+		if d.Action != ideminbox.Hold {
+			return d, err
+		}
+		c.log(ctx, msg, d, err)
+		switch {
+		case d.AwaitsStore(err):
+			if c.inbox.AwaitStore(ctx) != nil {
+				return d, err
+			}
+		case !inPlace:
+			return d, err
+		default:
+			if !sleep(ctx, d.Delay) {
+				return d, err
+			}
+		}
 	}
-	if ackErr != nil {
-		// Nothing is lost: the server redelivers after AckWait, and the
-		// inbox recognises the message if it was processed.
-		ackErr = fmt.Errorf("idemjetstream: %s: %w", d.Action, ackErr)
-	}
-	return d, errors.Join(err, ackErr)
 }
 
-// Consume runs Handle for every message of cons until ctx ends, then stops
-// fetching, lets the message in hand finish, and returns nil; or until
-// nats.go ends the consumption (consumer deleted, connection closed), then
-// it returns ErrClosed. Handlers run
-// one at a time per Consume call; run several Consume calls (or processes)
-// for parallelism. It refuses a consumer whose MaxDeliver would make the
-// server drop a message before the inbox could treat it as poison.
-func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer, opts ...jetstream.PullConsumeOpt) error {
-	if info := cons.CachedInfo(); info != nil {
-		md, cfg := info.Config.MaxDeliver, c.inbox.Config()
-		if md > 0 && md <= cfg.MaxAttempts {
-			return fmt.Errorf("idemjetstream: consumer %q has MaxDeliver %d, not above the inbox's MaxAttempts %d: the server would drop failing messages before they are recorded as poison",
-				info.Name, md, cfg.MaxAttempts)
+// settle tells the server the decision; a Hold, when it ends here (the
+// caller is stopping), is given back at once.
+func (c *Consumer) settle(msg jetstream.Msg, d ideminbox.Decision) error {
+	var err error
+	switch d.Action {
+	case ideminbox.Ack, ideminbox.AckDuplicate, ideminbox.AckPoison:
+		err = msg.Ack()
+	case ideminbox.Nack:
+		if d.Delay > 0 {
+			err = msg.NakWithDelay(d.Delay)
+		} else {
+			err = msg.Nak()
 		}
-		if k := c.inbox.InFlightDeliveries(); md > 0 && md <= k {
-			return fmt.Errorf("idemjetstream: consumer %q has MaxDeliver %d: a message whose holder crashed may be answered \"in flight\" %d times (the lease, %v, over InFlightDelay, %v) before its key can be taken over, and the server would drop it before it ever ran; use -1, or more than %d",
-				info.Name, md, k, cfg.Engine.Config().Lease, cfg.InFlightDelay, k)
-		}
+	case ideminbox.Hold:
+		err = msg.Nak()
+	case ideminbox.Reject:
+		err = msg.Term()
 	}
-	progress := c.progress
-	if info := cons.CachedInfo(); progress == 0 && info != nil {
-		progress = info.Config.AckWait / 3
+	if err != nil {
+		// Nothing is lost: the server redelivers after AckWait, and the
+		// inbox recognises the message if it was processed.
+		return fmt.Errorf("idemjetstream: %s: %w", d.Action, err)
 	}
-	// A message in hand when ctx ends still runs to its commit and its
-	// ack: cancelling it would only waste the work and cause a redelivery.
-	work := context.WithoutCancel(ctx)
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		d, err := c.handle(work, msg, progress)
-		c.log(ctx, msg, d, err)
-	}, opts...)
+	return nil
+}
+
+// maxAside bounds the messages one Consume call holds aside while their
+// keys are in flight elsewhere; past it, it fetches no new message until
+// one of them is settled.
+const maxAside = 64
+
+// Consume processes the messages of cons until ctx ends, then stops
+// fetching, lets the message in hand finish, gives back the ones it holds
+// (negative acknowledgement), and returns nil; or until the consumer is
+// deleted or the connection closed, then it returns ErrClosed. It first
+// runs Check, and returns its error.
+//
+// It fetches one message at a time, when it is ready to process it: a
+// message never waits in a client buffer, where its AckWait would run out
+// behind a slow handler and the server would send it again, counting one
+// more delivery. Handlers run one at a time per Consume call; run several
+// Consume calls (or processes) for parallelism. Every message it holds is
+// reported in progress (Config.ProgressInterval):
+//
+//   - while the store is down, it holds the message in hand and fetches
+//     nothing until the store answers again: an outage spends none of the
+//     messages' deliveries;
+//   - a message whose key another execution holds is held aside and
+//     processed again after the inbox's InFlightDelay, while the next
+//     messages are processed.
+func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer) error {
+	every, err := c.check(ctx, cons)
 	if err != nil {
 		return err
 	}
-	select {
-	case <-ctx.Done():
-		cc.Stop()
-		<-cc.Closed()
-		return nil
-	case <-cc.Closed():
-		// nats.go ended the consumption itself: the consumer was deleted
-		// or the connection closed. Nothing more will come; say so, so
-		// that the caller can start again.
-		if ctx.Err() != nil {
-			return nil
+
+	p := newProgress(every)
+	defer p.close()
+	// A message in hand when ctx ends still runs to its commit and its
+	// ack: cancelling it would only waste the work and cause a redelivery.
+	work := context.WithoutCancel(ctx)
+
+	fetchCtx, stopFetch := context.WithCancel(ctx)
+	defer stopFetch()
+	fetched := make(chan jetstream.Msg)
+	fetchEnd := make(chan error, 1)
+	go func() { fetchEnd <- fetch(fetchCtx, cons, p, fetched) }()
+
+	// Messages held aside come back through due when their delay is over,
+	// or are given back when Consume returns.
+	due := make(chan jetstream.Msg)
+	stopAside := make(chan struct{})
+	var aside sync.WaitGroup
+	held := 0
+	defer func() {
+		close(stopAside)
+		aside.Wait()
+	}()
+	holdAside := func(msg jetstream.Msg, delay time.Duration) {
+		held++
+		aside.Add(1)
+		go func() {
+			defer aside.Done()
+			t := time.NewTimer(delay)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				select {
+				case due <- msg:
+					return
+				case <-stopAside:
+				}
+			case <-stopAside:
+			}
+			p.remove(msg)
+			_ = msg.Nak()
+		}()
+	}
+
+	run := func(msg jetstream.Msg) {
+		d, err := c.process(work, ctx, msg, false)
+		if d.Action == ideminbox.Hold && ctx.Err() == nil {
+			holdAside(msg, d.Delay)
+			return
 		}
-		return ErrClosed
+		p.remove(msg)
+		err = errors.Join(err, c.settle(msg, d))
+		if d.Action != ideminbox.Hold {
+			c.log(ctx, msg, d, err)
+		}
+	}
+	for {
+		next := fetched
+		if held >= maxAside {
+			next = nil
+		}
+		select {
+		case <-ctx.Done():
+			stopFetch()
+			<-fetchEnd
+			return nil
+		case err := <-fetchEnd:
+			if ctx.Err() != nil {
+				return nil
+			}
+			return errors.Join(ErrClosed, err)
+		case msg := <-next:
+			run(msg)
+		case msg := <-due:
+			held--
+			run(msg)
+		}
 	}
 }
 
+// fetchRetry is the pause after a failed fetch before the next one.
+const fetchRetry = 250 * time.Millisecond
+
+// fetchWait is how long one pull waits for a message. A pull does not end
+// when the connection closes; the next one fails at once, so this bounds
+// how long Consume takes to notice.
+const fetchWait = 2 * time.Second
+
+// fetch pulls one message at a time and hands each to out, reporting it
+// in progress from its arrival, until ctx ends (nil) or the consumer or
+// the connection is gone (their error). A message it cannot hand over
+// because ctx ended is given back.
+func fetch(ctx context.Context, cons jetstream.Consumer, p *progress, out chan<- jetstream.Msg) error {
+	for {
+		pull, cancel := context.WithTimeout(ctx, fetchWait)
+		batch, err := cons.Fetch(1, jetstream.FetchContext(pull))
+		if err == nil {
+			for msg := range batch.Messages() {
+				p.add(msg)
+				select {
+				case out <- msg:
+				case <-ctx.Done():
+					p.remove(msg)
+					_ = msg.Nak()
+				}
+			}
+			err = batch.Error()
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			continue
+		}
+		if closed(err) {
+			return err
+		}
+		// A pull that failed otherwise (a reconnection, a timeout): make
+		// sure the consumer still exists before pulling again.
+		if _, ierr := cons.Info(ctx); ierr != nil && closed(ierr) {
+			return ierr
+		}
+		if !sleep(ctx, fetchRetry) {
+			return nil
+		}
+	}
+}
+
+// closed reports an error after which no fetch can succeed.
+func closed(err error) bool {
+	return errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+		errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
+}
+
 // ErrClosed is returned by Consume when the consumption ends without ctx
-// ending: the consumer was deleted, or the connection closed (or, with
-// jetstream.StopAfter among the options, the count was reached). Messages not
+// ending: the consumer was deleted, or the connection closed. Messages not
 // acknowledged are redelivered after AckWait, to this or another instance.
 var ErrClosed = errors.New("idemjetstream: the consumption was closed (consumer deleted or connection closed)")
 
-// reportProgress tells the server every interval that msg is still being
-// worked on, until the returned function is called. The reports are best
-// effort: one that fails leaves the server to redeliver after AckWait,
-// which the inbox handles.
-func reportProgress(msg jetstream.Msg, interval time.Duration) (stop func()) {
-	if interval <= 0 {
-		return func() {}
+// sleep waits d, or until ctx ends, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
 	}
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		ticker := time.NewTicker(interval)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ticker.C:
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// progress reports the messages it holds in progress every interval, until
+// they are removed. The reports are best effort: one that fails leaves the
+// server to redeliver after AckWait, which the inbox handles.
+type progress struct {
+	every time.Duration
+	mu    sync.Mutex // held while reporting, so that no report follows a removal
+	msgs  map[jetstream.Msg]struct{}
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+func newProgress(every time.Duration) *progress {
+	p := &progress{every: every, msgs: make(map[jetstream.Msg]struct{}), stop: make(chan struct{}), done: make(chan struct{})}
+	if every <= 0 {
+		close(p.done)
+		return p
+	}
+	go p.report()
+	return p
+}
+
+func (p *progress) report() {
+	defer close(p.done)
+	t := time.NewTicker(p.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+			p.mu.Lock()
+			for msg := range p.msgs {
 				_ = msg.InProgress()
 			}
+			p.mu.Unlock()
 		}
-	}()
-	return func() {
-		close(done)
-		<-finished // no report may follow the acknowledgement
 	}
+}
+
+func (p *progress) add(msg jetstream.Msg) {
+	p.mu.Lock()
+	p.msgs[msg] = struct{}{}
+	p.mu.Unlock()
+}
+
+// remove stops the reports for msg; none is sent after it returns.
+func (p *progress) remove(msg jetstream.Msg) {
+	p.mu.Lock()
+	delete(p.msgs, msg)
+	p.mu.Unlock()
+}
+
+func (p *progress) close() {
+	close(p.stop)
+	<-p.done
 }
 
 func (c *Consumer) log(ctx context.Context, msg jetstream.Msg, d ideminbox.Decision, err error) {
@@ -236,7 +515,7 @@ func (c *Consumer) log(ctx context.Context, msg jetstream.Msg, d ideminbox.Decis
 	switch {
 	case d.Action == ideminbox.Reject || d.Action == ideminbox.AckPoison:
 		level = slog.LevelError
-	case d.Action == ideminbox.Nack && errors.Is(err, idem.ErrInFlight):
+	case d.Action == ideminbox.Hold && errors.Is(err, idem.ErrInFlight):
 		level = slog.LevelInfo
 	}
 	c.logger.Log(ctx, level, "idemjetstream: message not processed",

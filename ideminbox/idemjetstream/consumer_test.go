@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/ideminbox/internal/inboxtest"
 	"github.com/idem-go/idem/internal/testenv"
@@ -34,6 +33,7 @@ type bench struct {
 
 	mu        sync.Mutex
 	decisions map[string][]ideminbox.Action // by message id
+	trace     map[string][]string           // by message id: "action@delivery"
 	calls     map[string]int                // handler runs by message id
 }
 
@@ -57,8 +57,7 @@ func newBench(t *testing.T, b *inboxtest.Backend, cc jetstream.ConsumerConfig) *
 		testenv.Unavailable(t, "NATS JetStream", err)
 	}
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
-	cc.Durable = "projector"
-	cc.AckPolicy = jetstream.AckExplicitPolicy
+	cc.Durable = "projector" // AckPolicy: its zero value is explicit
 	if cc.MaxDeliver == 0 {
 		cc.MaxDeliver = -1
 	}
@@ -67,7 +66,7 @@ func newBench(t *testing.T, b *inboxtest.Backend, cc jetstream.ConsumerConfig) *
 		t.Fatal(err)
 	}
 	return &bench{t: t, b: b, url: url, js: js, stream: stream, subject: subject, consumer: consumer,
-		decisions: map[string][]ideminbox.Action{}, calls: map[string]int{}}
+		decisions: map[string][]ideminbox.Action{}, trace: map[string][]string{}, calls: map[string]int{}}
 }
 
 // soak scales the duplicates test up: go test ./ideminbox/... -args -soak
@@ -141,8 +140,10 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 	}
 	observed.ObserveFunc = func(msg jetstream.Msg, d ideminbox.Decision, _ error) {
 		k, _ := id(msg)
+		md, _ := msg.Metadata()
 		be.mu.Lock()
 		be.decisions[k] = append(be.decisions[k], d.Action)
+		be.trace[k] = append(be.trace[k], fmt.Sprintf("%s@%d", d.Action, md.NumDelivered))
 		be.mu.Unlock()
 		if hook != nil {
 			hook(in, msg, d)
@@ -163,7 +164,7 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
-	go func() { in.done <- c.Consume(ctx, cons, jetstream.PullMaxMessages(16)) }()
+	go func() { in.done <- c.Consume(ctx, cons) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-in.done; err != nil && !(in.killed.Load() && errors.Is(err, ErrClosed)) {
@@ -210,6 +211,19 @@ func (be *bench) callsOf(k string) int {
 	be.mu.Lock()
 	defer be.mu.Unlock()
 	return be.calls[k]
+}
+
+// traceOf returns k's decisions as "action@delivery", held ones left out.
+func (be *bench) traceOf(k string) []string {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	var out []string
+	for _, s := range be.trace[k] {
+		if !strings.HasPrefix(s, ideminbox.Hold.String()+"@") {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func (be *bench) decisionsOf(k string) []ideminbox.Action {
@@ -416,9 +430,9 @@ func TestPoison(t *testing.T) {
 	})
 }
 
-// Without a Nats-Msg-Id the key is the stream sequence, which protects
-// against redelivery; with it, copies published after the stream's
-// duplicate window are recognised too.
+// Without a Nats-Msg-Id the key is the stream, sequence and storage time,
+// which protects against redelivery; with it, copies published after the
+// stream's duplicate window are recognised too.
 func TestDefaultKey(t *testing.T) {
 	inboxtest.ForEach(t, func(t *testing.T, b *inboxtest.Backend) {
 		be := newBench(t, b, jetstream.ConsumerConfig{})
@@ -450,8 +464,16 @@ func TestDefaultKey(t *testing.T) {
 		}
 		be.drained()
 		name := be.stream.CachedInfo().Config.Name
-		exactlyOnce(t, b, []string{name + ":1", name + ":2", "order-1"})
-		for _, k := range []string{name + ":1", "order-1"} {
+		var keys []string
+		for seq := uint64(1); seq <= 2; seq++ {
+			raw, err := be.stream.GetMsg(ctx, seq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys = append(keys, fmt.Sprintf("%s:%d:%d", name, seq, raw.Time.UnixNano()))
+		}
+		exactlyOnce(t, b, append(keys, "order-1"))
+		for _, k := range []string{keys[0], "order-1"} {
 			if st, err := in.inbox.Status(ctx, k); err != nil || st.State != ideminbox.StateProcessed {
 				t.Errorf("%s: %+v, %v", k, st, err)
 			}
@@ -475,40 +497,6 @@ func TestConsumeRefusesLowMaxDeliver(t *testing.T) {
 	err = c.Consume(context.Background(), be.consumer)
 	if err == nil || !strings.Contains(err.Error(), "MaxDeliver 3") {
 		t.Fatalf("Consume: %v", err)
-	}
-}
-
-// Above MaxAttempts is not enough: deliveries answered "in flight" while a
-// crashed holder's lease runs count too (a 10s lease, 1s apart: 11), and a
-// MaxDeliver within them could drop a message that never ran.
-func TestConsumeRefusesMaxDeliverWithinInFlightAnswers(t *testing.T) {
-	b := inboxtest.Mem(t)
-	for _, tc := range []struct {
-		maxDeliver int
-		refused    bool
-	}{{6, true}, {11, true}, {12, false}} {
-		be := newBench(t, b, jetstream.ConsumerConfig{MaxDeliver: tc.maxDeliver})
-		engine, err := idem.NewEngine(b.NewStore(t), &idem.Config{Lease: 10 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		inbox, err := ideminbox.New(ideminbox.Config{Engine: engine, Consumer: "projector", MaxAttempts: 5, InFlightDelay: time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n := inbox.InFlightDeliveries(); n != 11 {
-			t.Fatalf("InFlightDeliveries = %d, want 11", n)
-		}
-		c, err := New(inbox, effect(b), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err = c.Consume(ctx, be.consumer)
-		cancel()
-		if refused := err != nil && strings.Contains(err.Error(), "in flight"); refused != tc.refused {
-			t.Errorf("MaxDeliver %d: Consume = %v, want refused %v", tc.maxDeliver, err, tc.refused)
-		}
 	}
 }
 

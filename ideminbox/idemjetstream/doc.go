@@ -5,22 +5,35 @@
 // for JetStream's own publish deduplication, so a message published twice
 // (after the stream's duplicate window, or to two streams) and a message
 // redelivered to the consumer are both recognised. A message without the
-// header is keyed by its stream and stream sequence, which protects it
-// against redelivery only. Config.KeyFunc replaces both.
+// header is keyed by its stream, its stream sequence and the time the
+// server stored it: that protects it against redelivery only, and keeps
+// apart the messages of a stream created again (whose sequences start
+// from 1 again). Config.KeyFunc replaces both.
 //
 // The delivery number comes from the message metadata (NumDelivered). The
 // acknowledgement follows the inbox's decision, sent after the commit:
 // Ack for processed, duplicate and poison messages, NakWithDelay for a
-// failed or in-flight one, Term for one that cannot be keyed.
+// failed one, Term for one that cannot be keyed; a held message is
+// reported in progress until it is processed again.
 //
-// Give the JetStream consumer a MaxDeliver of -1 (unlimited), or above both
-// the inbox's MaxAttempts and its InFlightDeliveries (deliveries answered
-// "in flight" count, and a holder that crashed keeps the key for a whole
-// lease), so that the inbox, not the server, decides when a message is
-// poison; Consume refuses a consumer that could drop messages first. Its AckWait bounds how long a delivery may stay unacknowledged
-// before the server sends it again, to this or another instance; while a
-// handler runs, Consume reports the message in progress every third of
-// AckWait (Config.ProgressInterval), so that a slow handler keeps its
-// message. A copy sent anyway (the process stalled, a report was lost) is
-// answered "in flight" by the inbox while the first one runs.
+// # The JetStream consumer
+//
+// Check (which Consume runs) refuses a consumer the inbox cannot work
+// over: its ack policy must be explicit (AckAll would acknowledge a failed
+// message along with a later one, AckNone never redelivers: either loses
+// failed messages), and its MaxDeliver must be -1 (unlimited, the
+// advice) or above the inbox's MaxAttempts, so that the inbox, not the
+// server, decides when a message is poison; leave room above MaxAttempts
+// for the deliveries a stop or a crash costs (see ideminbox). Handle
+// refuses the messages of a consumer Check has not accepted.
+//
+// Consume pulls one message at a time, when it can process it, so that no
+// message waits in a client buffer while its AckWait runs out behind a
+// slow handler. Every message it holds (its handler running, waiting for
+// the store to come back, waiting for another instance to finish it, or
+// fetched and waiting its turn) is reported in progress every third of
+// AckWait (Config.ProgressInterval), so that the server neither sends it
+// to another instance nor counts it again. A copy sent anyway (the
+// process stalled, a report was lost) is held by the inbox while the
+// first one runs, then acknowledged as a duplicate.
 package idemjetstream

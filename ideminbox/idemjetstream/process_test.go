@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/ideminbox/internal/inboxtest"
 	"github.com/idem-go/idem/internal/testenv"
@@ -95,4 +96,113 @@ func TestCrashingConsumerProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Fatal("no message committed")
+}
+
+// A message kills its consumer process every time (os.Exit inside the
+// handler: no answer, no ack, no rollback). Started again after each
+// crash, the consumer gets the message back each time; once it comes
+// back past MaxAttempts with its key still held by the dead process's
+// claim, it is recorded as poison without running again (and acked), so
+// the crash loop ends.
+func TestCrashLoopEndsAsPoison(t *testing.T) {
+	inboxtest.ForEach(t, func(t *testing.T, b *inboxtest.Backend) {
+		be := newBench(t, b, jetstream.ConsumerConfig{AckWait: time.Second})
+		be.publish(context.Background(), nats.Header{nats.MsgIdHdr: {"order-deadly"}}, "deadly")
+		crashes := 0
+		for child := 1; ; child++ {
+			if child > crashLoopMaxAttempts+3 {
+				t.Fatalf("still crashing after %d consumer processes", child-1)
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashLoopConsumerProcess$", "-test.count=1")
+			cmd.Env = append(append(os.Environ(), b.Env()...), envStream+"="+be.stream.CachedInfo().Config.Name)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if errors.As(err, &exit) && exit.ExitCode() == 3 {
+				crashes++
+				continue
+			}
+			if err != nil || !regexp.MustCompile(`(?m)^poisoned order-deadly$`).Match(out) {
+				t.Fatalf("consumer process %d: %v\n%s", child, err, out)
+			}
+			break
+		}
+		be.drained()
+		inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := inbox.Status(context.Background(), "order-deadly")
+		if err != nil || st.State != ideminbox.StatePoison || st.Error != ideminbox.ErrUnanswered.Error() ||
+			st.Attempt != crashLoopMaxAttempts+1 || string(st.Data) != "deadly" || crashes != crashLoopMaxAttempts {
+			t.Fatalf("after %d crashes: status %+v, %v; want poison, unanswered, on delivery %d", crashes, st, err, crashLoopMaxAttempts+1)
+		}
+	})
+}
+
+const crashLoopMaxAttempts = 3
+
+// TestCrashLoopConsumerProcess is a consumer process of
+// TestCrashLoopEndsAsPoison: its handler exits the process (status 3);
+// once the inbox records the message as poison instead, it acks it, says
+// so and returns.
+func TestCrashLoopConsumerProcess(t *testing.T) {
+	b := inboxtest.FromEnv(t)
+	if b == nil {
+		t.Skip("started by TestCrashLoopEndsAsPoison only")
+	}
+	nc, err := nats.Connect(testenv.NATSURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), patience())
+	defer cancel()
+	cons, err := js.Consumer(ctx, os.Getenv(envStream), "projector")
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine, err := idem.NewEngine(b.NewStore(t), &idem.Config{Lease: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inbox, err := ideminbox.New(ideminbox.Config{Engine: engine, Consumer: "projector", Logger: quiet,
+		MaxAttempts: crashLoopMaxAttempts, InFlightDelay: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	poisoned := make(chan string, 1)
+	c, err := New(inbox, func(ctx context.Context, msg jetstream.Msg) error {
+		os.Exit(3)
+		return nil
+	}, &Config{ObserveFunc: func(msg jetstream.Msg, d ideminbox.Decision, err error) {
+		if d.Action == ideminbox.AckPoison {
+			k, _ := DefaultKey(msg)
+			poisoned <- k
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumeCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Consume(consumeCtx, cons) }()
+	select {
+	case k := <-poisoned:
+		stop() // Consume acks the message in hand, then returns
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		// An ack is a publish the client buffers: send it before exiting.
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("poisoned %s\n", k)
+	case err := <-done:
+		t.Fatalf("Consume: %v", err)
+	case <-ctx.Done():
+		t.Fatal("no message")
+	}
 }

@@ -42,30 +42,66 @@ func TestSlowHandlerKeepsItsMessage(t *testing.T) {
 				be.publish(context.Background(), nats.Header{nats.MsgIdHdr: {"order-slow"}}, "order-slow")
 				be.drained()
 				// The server's count of deliveries says whether it sent copies;
-				// the inbox's answers to them can come after the first ack (on
-				// SQLite a copy waits for the writer lock), so wait for one
-				// answer per delivery before reading them.
+				// the inbox's answers to them can come after the first ack (a
+				// copy is held while the first one runs, and on SQLite waits
+				// for the writer lock), so wait for one final answer per
+				// delivery before reading them.
 				info, err := be.consumer.Info(context.Background())
 				if err != nil {
 					t.Fatal(err)
 				}
 				deliveries := int(info.Delivered.Consumer)
-				eventually(t, "an answer to every delivery", func() bool {
-					return len(be.decisionsOf("order-slow")) >= deliveries
-				})
+				final := func() []ideminbox.Action {
+					return slices.DeleteFunc(be.decisionsOf("order-slow"), func(a ideminbox.Action) bool { return a == ideminbox.Hold })
+				}
+				eventually(t, "a final answer to every delivery", func() bool { return len(final()) >= deliveries })
 				exactlyOnce(t, b, []string{"order-slow"})
 				decisions := be.decisionsOf("order-slow")
 				copies := deliveries > 1
-				if len(decisions) != deliveries {
-					t.Errorf("%d answers for %d deliveries", len(decisions), deliveries)
+				if n := len(final()); n != deliveries {
+					t.Errorf("%d final answers for %d deliveries", n, deliveries)
 				}
 				if be.actions("order-slow", ideminbox.Ack) != 1 || copies != tc.copies ||
 					slices.ContainsFunc(decisions, func(a ideminbox.Action) bool {
-						return a != ideminbox.Ack && a != ideminbox.Nack && a != ideminbox.AckDuplicate
+						return a != ideminbox.Ack && a != ideminbox.Hold && a != ideminbox.AckDuplicate
 					}) {
-					t.Errorf("decisions %v; want one ack, and copies (answered in flight or duplicate): %v", decisions, tc.copies)
+					t.Errorf("decisions %v; want one ack, and copies (held while in flight, or duplicate): %v", decisions, tc.copies)
 				}
 			})
 		})
+	}
+}
+
+// Messages waiting their turn behind a handler three times slower than
+// AckWait are neither sent again nor counted again: Consume fetches a
+// message only when it can take it, and reports the one fetched in advance
+// in progress while it waits. Every message is delivered once.
+func TestWaitingMessagesKeepTheirDelivery(t *testing.T) {
+	b := inboxtest.SQLite(t)
+	be := newBench(t, b, jetstream.ConsumerConfig{AckWait: time.Second})
+	ids := orderIDs(4)
+	for _, k := range ids {
+		be.publish(context.Background(), nats.Header{nats.MsgIdHdr: {k}}, k)
+	}
+	slow := func(ctx context.Context, msg jetstream.Msg) error {
+		if k, _ := id(msg); k == ids[0] {
+			time.Sleep(3 * time.Second)
+		}
+		return effect(b)(ctx, msg)
+	}
+	be.start(nil, &Config{ProgressInterval: 200 * time.Millisecond}, slow, nil)
+	be.drained()
+	exactlyOnce(t, b, ids)
+	for _, k := range ids {
+		if tr := be.traceOf(k); !slices.Equal(tr, []string{"ack@1"}) {
+			t.Errorf("%s: decisions %v, want [ack@1]", k, tr)
+		}
+	}
+	info, err := be.consumer.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Delivered.Consumer != uint64(len(ids)) {
+		t.Errorf("the server made %d deliveries for %d messages", info.Delivered.Consumer, len(ids))
 	}
 }
