@@ -5,6 +5,9 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/idem-go/idem/idemhttp"
@@ -133,4 +136,77 @@ func FuzzFingerprint(f *testing.F) {
 			t.Fatal("another method has the same fingerprint")
 		}
 	})
+}
+
+// manyParams returns a query of n parameters, in order or reversed.
+func manyParams(n int, reversed bool) string {
+	parts := make([]string, n)
+	for i := range n {
+		j := i
+		if reversed {
+			j = n - 1 - i
+		}
+		parts[i] = "p" + strconv.Itoa(j) + "=1"
+	}
+	return strings.Join(parts, "&")
+}
+
+// A query of more parameters than the handler's parser accepts is hashed
+// as sent, without sorting a megabyte of parameters: two orders of it
+// differ, while at the parser's limit the order still does not count.
+func TestFingerprintQueryPastTheParserLimit(t *testing.T) {
+	const limit = 10000
+	if _, err := url.ParseQuery(manyParams(limit+1, false)); err == nil {
+		t.Fatalf("url.ParseQuery accepts %d parameters: the limit moved", limit+1)
+	}
+	if a, b := fp("POST", "/o?"+manyParams(limit, false), "", nil), fp("POST", "/o?"+manyParams(limit, true), "", nil); !bytes.Equal(a, b) {
+		t.Fatal("at the parser's limit, the order of the parameters counts")
+	}
+	if a, b := fp("POST", "/o?"+manyParams(limit+1, false), "", nil), fp("POST", "/o?"+manyParams(limit+1, true), "", nil); bytes.Equal(a, b) {
+		t.Fatal("past the parser's limit, the query is not hashed as sent")
+	}
+}
+
+// The media type counts, without its parameters or case; a request
+// without Content-Type hashes as before media types counted.
+func TestFingerprintMediaType(t *testing.T) {
+	ct := func(v string) http.Header { return http.Header{"Content-Type": {v}} }
+	json := fp("POST", "/o", "a=1", ct("application/json"))
+	for _, same := range []string{"application/json; charset=utf-8", "APPLICATION/Json", "\tapplication/json ; x=y"} {
+		if !bytes.Equal(json, fp("POST", "/o", "a=1", ct(same))) {
+			t.Errorf("%q differs from application/json", same)
+		}
+	}
+	for _, other := range []string{"application/x-www-form-urlencoded", "text/json", ""} {
+		if bytes.Equal(json, fp("POST", "/o", "a=1", ct(other))) {
+			t.Errorf("%q has the fingerprint of application/json", other)
+		}
+	}
+	if bytes.Equal(json, fp("POST", "/o", "a=1", nil)) || bytes.Equal(fp("POST", "/o", "a=1", ct("")), fp("POST", "/o", "a=1", nil)) {
+		t.Error("a request without Content-Type has the fingerprint of one with")
+	}
+}
+
+// BenchmarkFingerprint measures the cost of a large query, against a body
+// of the same size.
+func BenchmarkFingerprint(b *testing.B) {
+	mb := 1 << 20
+	for _, bc := range []struct{ name, query, body string }{
+		{"body=1MB", "", strings.Repeat("x", mb)},
+		{"query=1MB/a=1&", strings.Repeat("a=1&", mb/4), ""},
+		{"query=1MB/distinct", manyParams(mb/8, true)[:mb], ""},
+		{"query=1MB/10000-params", manyParams(10000, true) + "&v=" + strings.Repeat("x", mb-len(manyParams(10000, true))), ""},
+		{"query=1MB/one-param", "a=" + strings.Repeat("x", mb), ""},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			r := httptest.NewRequest("POST", "/x", nil)
+			r.URL.RawQuery = bc.query
+			body := []byte(bc.body)
+			b.ReportAllocs()
+			defer reportCPU(b)()
+			for b.Loop() {
+				idemhttp.Fingerprint(r, body, nil)
+			}
+		})
+	}
 }
