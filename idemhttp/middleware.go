@@ -173,7 +173,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	x.ctx = r.Context()
 	if !m.config.CancelOnDisconnect {
-		x.ctx = m.detach(x.ctx, &x.life)
+		x.detached = detached{values: x.ctx, life: m.config.ShutdownContext}
+		x.ctx = &x.detached
 	}
 	out, err := m.engine.Do(x.ctx, op, x.do)
 	switch {
@@ -197,42 +198,57 @@ func hasCTL(s string) bool {
 	return false
 }
 
-// detach returns the context a handler runs on when its client's going
-// away must not cancel it: the request's values, without its
-// cancellation, ended by Config.ShutdownContext when there is one (life
-// is where that context is built, to save an allocation). The engine
-// adds the end of the lease.
-func (m *Middleware) detach(ctx context.Context, life *shutdownBound) context.Context {
-	ctx = context.WithoutCancel(ctx)
-	if m.config.ShutdownContext == nil {
-		return ctx
+// detached is the context a handler runs on when its client's going away
+// must not cancel it: the request's values without its cancellation, as
+// context.WithoutCancel makes (built inside the exchange, it costs no
+// allocation), ended by Config.ShutdownContext when there is one. The
+// engine adds the end of the lease.
+type detached struct {
+	values context.Context // the request's
+	life   context.Context // Config.ShutdownContext; nil: never ends
+}
+
+func (c *detached) Deadline() (time.Time, bool) {
+	if c.life == nil {
+		return time.Time{}, false
 	}
-	*life = shutdownBound{values: ctx, life: m.config.ShutdownContext}
-	return life
+	return c.life.Deadline()
 }
 
-// shutdownBound is a context with the values of one context and the end
-// of another: the request's values, Config.ShutdownContext's end.
-type shutdownBound struct {
-	values context.Context // the request's, detached from its cancellation
-	life   context.Context
-}
-
-func (c *shutdownBound) Deadline() (time.Time, bool) { return c.life.Deadline() }
-func (c *shutdownBound) Done() <-chan struct{}       { return c.life.Done() }
-func (c *shutdownBound) Err() error                  { return c.life.Err() }
-
-// Value answers the request's values first, then the life context's. A
-// detached context answers no cancellation of its own, so the context
-// package finds the life context's, and derives from it directly.
-func (c *shutdownBound) Value(key any) any {
-	if v := c.values.Value(key); v != nil {
-		return v
+func (c *detached) Done() <-chan struct{} {
+	if c.life == nil {
+		return nil
 	}
-	return c.life.Value(key)
+	return c.life.Done()
 }
 
-func (c *shutdownBound) String() string { return "idemhttp.shutdownBound" }
+func (c *detached) Err() error {
+	if c.life == nil {
+		return nil
+	}
+	return c.life.Err()
+}
+
+// Value answers the request's values, then the life context's. One value
+// is held back: the request's own cancellation, which the context package
+// looks up as a value (to find the cause of a cancellation, or the
+// context a derived one hangs on); it is the value that is itself a
+// context ending with the request. Held back, context.Cause finds the
+// life context's instead, or none, as it does for context.WithoutCancel.
+func (c *detached) Value(key any) any {
+	v := c.values.Value(key)
+	if vc, ok := v.(context.Context); ok {
+		if done := vc.Done(); done != nil && done == c.values.Done() {
+			v = nil
+		}
+	}
+	if v == nil && c.life != nil {
+		return c.life.Value(key)
+	}
+	return v
+}
+
+func (c *detached) String() string { return "idemhttp.detached" }
 
 // exchange is one protected request. What it hands the handler (the
 // recorder as its ResponseWriter, the body as its Request.Body) is
@@ -241,17 +257,17 @@ func (c *shutdownBound) String() string { return "idemhttp.shutdownBound" }
 // refuse service. The buffers behind them, which only the middleware
 // touches once the handler has returned, come from a pool.
 type exchange struct {
-	m       *Middleware
-	w       http.ResponseWriter
-	r       *http.Request
-	next    http.Handler
-	ctx     context.Context // what Engine.Do was given
-	life    shutdownBound
-	body    requestBody
-	rec     recorder
-	ran     bool // the handler was called
-	fp      [sha256.Size]byte
-	scratch *scratch
+	m        *Middleware
+	w        http.ResponseWriter
+	r        *http.Request
+	next     http.Handler
+	ctx      context.Context // what Engine.Do was given
+	detached detached
+	body     requestBody
+	rec      recorder
+	ran      bool // the handler was called
+	fp       [sha256.Size]byte
+	scratch  *scratch
 }
 
 // scratch holds the buffers an exchange borrows.

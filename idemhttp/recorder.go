@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 )
 
 // ErrHijack is returned by the Hijack method of the ResponseWriter a
@@ -68,7 +69,7 @@ var ErrHandlerReturned = errors.New("idemhttp: write after the protected handler
 // middleware read the body, whose buffer later requests reuse.
 type recorder struct {
 	mu     sync.Mutex
-	sealed bool
+	sealed atomic.Bool // set under mu
 	late   http.Header // what Header returns once sealed
 
 	w       http.ResponseWriter
@@ -121,8 +122,11 @@ func (rec *recorder) start(w http.ResponseWriter, limit int64, body []byte, oute
 
 // seal cuts rec from its handler (see recorder). It is idempotent.
 func (rec *recorder) seal() {
+	if rec.sealed.Load() {
+		return
+	}
 	rec.mu.Lock()
-	rec.sealed = true
+	rec.sealed.Store(true)
 	rec.mu.Unlock()
 }
 
@@ -138,17 +142,17 @@ func (rec *recorder) restoreHeader() {
 
 // Header implements http.ResponseWriter.
 func (rec *recorder) Header() http.Header {
+	if !rec.sealed.Load() {
+		return rec.w.Header() // w is set before the handler runs, and stays
+	}
+	// The underlying map now belongs to the middleware and then to
+	// net/http: a late caller gets one nobody reads.
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	if rec.sealed {
-		// The underlying map now belongs to the middleware and then to
-		// net/http: a late caller gets one nobody reads.
-		if rec.late == nil {
-			rec.late = make(http.Header)
-		}
-		return rec.late
+	if rec.late == nil {
+		rec.late = make(http.Header)
 	}
-	return rec.w.Header()
+	return rec.late
 }
 
 // WriteHeader implements http.ResponseWriter.
@@ -159,7 +163,7 @@ func (rec *recorder) WriteHeader(code int) {
 }
 
 func (rec *recorder) writeHeader(code int) {
-	if rec.sealed {
+	if rec.sealed.Load() {
 		return
 	}
 	if code >= 100 && code <= 199 {
@@ -230,7 +234,7 @@ func (rec *recorder) WriteString(s string) (int, error) {
 // bytes are counted even when refused, so every later write fails too),
 // then the limit of what can be stored.
 func (rec *recorder) admit(n int) error {
-	if rec.sealed {
+	if rec.sealed.Load() {
 		return ErrHandlerReturned
 	}
 	if !rec.written {
@@ -306,9 +310,7 @@ func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // once the handler has returned, a writer that reaches nothing, since the
 // connection may be serving another request by then.
 func (rec *recorder) Unwrap() http.ResponseWriter {
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	if rec.sealed {
+	if rec.sealed.Load() {
 		return finishedWriter{}
 	}
 	return rec.w
