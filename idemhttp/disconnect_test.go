@@ -96,8 +96,13 @@ func TestShutdownContextEndsDetachedHandlers(t *testing.T) {
 	default:
 	}
 	stop(errStopping)
-	if err := <-ended; !errors.Is(err, errStopping) {
-		t.Fatalf("the handler's context ended with %v, want the shutdown's cause", err)
+	select {
+	case err := <-ended:
+		if !errors.Is(err, errStopping) {
+			t.Fatalf("the handler's context ended with %v, want the shutdown's cause", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the shutdown did not end the handler's context")
 	}
 }
 

@@ -97,10 +97,11 @@ func TestFingerprintStable(t *testing.T) {
 }
 
 func FuzzFingerprint(f *testing.F) {
-	f.Add("POST", "/orders", "a=1&b=2", []byte(`{"qty":1}`), "v1")
-	f.Add("PATCH", "/a%2Fb", "", []byte{}, "")
-	f.Add("POST", "/", "a=1&a=2", []byte("x"), "a,b")
-	f.Fuzz(func(t *testing.T, method, path, query string, body []byte, hv string) {
+	f.Add("POST", "/orders", "a=1&b=2", []byte(`{"qty":1}`), "v1", "application/json")
+	f.Add("PATCH", "/a%2Fb", "", []byte{}, "", "")
+	f.Add("POST", "/", "a=1&a=2", []byte("x"), "a,b", " Text/Plain ; charset=utf-8")
+	f.Add("POST", "/", "a=%zz;b&&c=%41", []byte("x"), "", ";")
+	f.Fuzz(func(t *testing.T, method, path, query string, body []byte, hv, ct string) {
 		r, err := http.NewRequest(method, "http://h", nil)
 		if err != nil {
 			t.Skip()
@@ -108,6 +109,9 @@ func FuzzFingerprint(f *testing.F) {
 		r.URL.Path = path
 		r.URL.RawQuery = query
 		r.Header.Set("X-V", hv)
+		if ct != "" {
+			r.Header["Content-Type"] = []string{ct}
+		}
 		names := []string{"X-V"}
 		a := idemhttp.Fingerprint(r, body, names)
 		if len(a) != 32 {
@@ -135,7 +139,31 @@ func FuzzFingerprint(f *testing.F) {
 		if b := idemhttp.Fingerprint(r3, body, names); bytes.Equal(a, b) {
 			t.Fatal("another method has the same fingerprint")
 		}
+		// The media type counts; its case and parameters do not.
+		if ct != "" {
+			r4 := r.Clone(r.Context())
+			r4.Header["Content-Type"] = []string{asciiUpper(ct) + "; q=1"}
+			if b := idemhttp.Fingerprint(r4, body, names); !bytes.Equal(a, b) {
+				t.Fatalf("Content-Type %q and %q differ", ct, r4.Header["Content-Type"][0])
+			}
+		}
+		r5 := r.Clone(r.Context())
+		r5.Header["Content-Type"] = []string{"x" + ct}
+		if b := idemhttp.Fingerprint(r5, body, names); bytes.Equal(a, b) {
+			t.Fatalf("Content-Type %q and %q share a fingerprint", ct, "x"+ct)
+		}
 	})
+}
+
+// asciiUpper upper-cases the ASCII letters of s only.
+func asciiUpper(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'a' <= c && c <= 'z' {
+			b[i] = c - ('a' - 'A')
+		}
+	}
+	return string(b)
 }
 
 // manyParams returns a query of n parameters, in order or reversed.
