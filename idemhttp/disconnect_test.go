@@ -82,14 +82,18 @@ func TestShutdownContextEndsDetachedHandlers(t *testing.T) {
 	shutdown, stop := context.WithCancelCause(context.Background())
 	defer stop(nil)
 	errStopping := errors.New("server stopping")
-	started := make(chan struct{})
+	started, giveUp := make(chan struct{}), make(chan struct{})
 	ended := make(chan error, 1)
 	h := e.handler(t, idemhttp.Config{ShutdownContext: shutdown}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		close(started)
-		<-r.Context().Done()
-		ended <- context.Cause(r.Context())
+		select {
+		case <-r.Context().Done():
+			ended <- context.Cause(r.Context())
+		case <-giveUp: // the test failed: let the server close
+		}
 	}))
 	disconnecting(t, h, started)
+	t.Cleanup(func() { close(giveUp) }) // before the server's Close, which waits for the handler
 	select {
 	case err := <-ended:
 		t.Fatalf("the handler's context ended with its client (%v), before the shutdown", err)

@@ -78,16 +78,16 @@ func errString(err error) string {
 // net/http makes harmless) must not write into another request's answer,
 // nor into what is stored and replayed for it.
 func TestLateWriteGoesNowhere(t *testing.T) {
+	const globexAnswer = "globex:order-2, 3 items, delivery on Monday"
 	e := newEnv(t, nil)
 	leaked := make(chan struct{})
 	lateErr := make(chan error, 1)
 	globexStarted, globexRelease := make(chan struct{}), make(chan struct{})
 	h := e.handler(t, idemhttp.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") == "Bearer globex" {
-			io.WriteString(w, "globex:")
+			io.WriteString(w, globexAnswer)
 			close(globexStarted)
 			<-globexRelease
-			io.WriteString(w, "order-2")
 			return
 		}
 		go func() {
@@ -113,12 +113,12 @@ func TestLateWriteGoesNowhere(t *testing.T) {
 	first := <-globex
 	replay := serve(h, as("globex", request(http.MethodPost, "/orders", "k1", "a")))
 	for name, w := range map[string]*httptest.ResponseRecorder{"answer": first, "replay": replay} {
-		if w.Body.String() != "globex:order-2" {
-			t.Errorf("globex's %s: %q, want %q", name, w.Body, "globex:order-2")
+		if w.Body.String() != globexAnswer {
+			t.Errorf("globex's %s: %q, want %q", name, w.Body, globexAnswer)
 		}
 	}
 	rec, gerr := e.store.Get(t.Context(), "globex", "k1")
-	if gerr != nil || string(rec.Result.Body) != "globex:order-2" {
+	if gerr != nil || string(rec.Result.Body) != globexAnswer {
 		t.Fatalf("globex's stored answer: %+v, %v", rec, gerr)
 	}
 	if !errors.Is(err, idemhttp.ErrHandlerReturned) {
