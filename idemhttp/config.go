@@ -224,10 +224,12 @@ type Config struct {
 
 	// ShutdownContext, when it ends, ends the context of every handler
 	// running on after its client went away, as a connection closed by
-	// http.Server.Close ends the others. Give it the context you cancel
-	// when the server must stop at once: typically the one you return
-	// from http.Server.BaseContext and cancel when Shutdown's grace period
-	// is over. Defaults to nil: such a handler then ends when it returns,
+	// http.Server.Close ends the others. http.Server.Shutdown waits for
+	// such a handler as for any other (its connection stays active until
+	// it returns); give this field the context you cancel when the server
+	// must stop at once: typically the one you return from
+	// http.Server.BaseContext and cancel when Shutdown's grace period is
+	// over. Defaults to nil: such a handler then ends when it returns,
 	// when its lease is lost, or with the process (its key is then taken
 	// over once its lease has run out).
 	ShutdownContext context.Context

@@ -8,13 +8,15 @@ import (
 
 type valueKey struct{}
 
+type otherKey struct{}
+
 // detached answers as context.WithoutCancel does, ended by its life
 // context only, whose cause it reports.
 func TestDetachedContext(t *testing.T) {
 	errGone := errors.New("client gone")
 	errStopping := errors.New("server stopping")
 	req, cancelReq := context.WithCancelCause(context.WithValue(context.Background(), valueKey{}, "v"))
-	req = context.WithValue(req, struct{}{}, 1) // a middleware's value on top
+	req = context.WithValue(req, otherKey{}, 1) // a middleware's value on top
 	life, stop := context.WithCancelCause(context.Background())
 
 	never := &detached{values: req}

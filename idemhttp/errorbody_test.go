@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/internal/atonce"
 )
 
 // An error body larger than MaxStoredErrorBody (an error that quotes the
@@ -63,5 +65,37 @@ func TestLargeErrorBodyNotStored(t *testing.T) {
 	serve(ok, request(http.MethodPost, "/orders", "k3", quoted))
 	if w := serve(ok, request(http.MethodPost, "/orders", "k3", quoted)); w.Code != http.StatusCreated || !strings.Contains(w.Body.String(), quoted) {
 		t.Fatalf("a large success replayed as %d, %d bytes", w.Code, w.Body.Len())
+	}
+}
+
+// Duplicates at the same instant of a request whose error body is too
+// large to store: the handler runs once; the others get 409 in flight or
+// the stored problem with the original status.
+func TestLargeErrorBodyDuplicatesAtOnce(t *testing.T) {
+	const n = 30
+	e := newEnv(t, nil)
+	var runs atomic.Int64
+	big := strings.Repeat("e", 2*idemhttp.DefaultMaxStoredErrorBody)
+	h := e.handler(t, idemhttp.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		http.Error(w, big, http.StatusUnprocessableEntity)
+	}))
+	answers := make([]*httptest.ResponseRecorder, n)
+	atonce.Run(n, func(i int) { answers[i] = serve(h, request(http.MethodPost, "/orders", "k1", "a")) })
+	fresh := 0
+	for i, w := range answers {
+		switch {
+		case w.Code == http.StatusConflict:
+			wantProblem(t, w, http.StatusConflict, "in-flight")
+		case w.Header().Get(idemhttp.HeaderReplayed) == "true":
+			wantProblem(t, w, http.StatusUnprocessableEntity, "error-body-not-stored")
+		case w.Code == http.StatusUnprocessableEntity && w.Body.String() == big+"\n":
+			fresh++
+		default:
+			t.Fatalf("answer %d: %d, %d bytes", i, w.Code, w.Body.Len())
+		}
+	}
+	if runs.Load() != 1 || fresh != 1 {
+		t.Fatalf("ran %d times, %d fresh answers; want 1 and 1", runs.Load(), fresh)
 	}
 }

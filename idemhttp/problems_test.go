@@ -69,6 +69,7 @@ func TestProblemTextsFollowTheStore(t *testing.T) {
 	}{
 		{"memory", false, func(t *testing.T) idem.Store { return newEnv(t, nil).store }},
 		{"sqlite", true, func(t *testing.T) idem.Store { return newSQLiteEnv(t).store }},
+		{"postgresql", true, func(t *testing.T) idem.Store { return newPGEnv(t).store }},
 	}
 	for _, st := range stores {
 		for _, f := range failures {

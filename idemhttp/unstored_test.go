@@ -8,6 +8,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/internal/atonce"
 )
 
 // A handler that marks its answer with idem.NotExecuted (it refused the
@@ -163,4 +164,32 @@ func TestUncoveredMethodNoEcho(t *testing.T) {
 	if _, ok := w.Header()[idemhttp.HeaderKey]; ok {
 		t.Fatalf("an uncovered PUT echoed the key: %v", w.Header())
 	}
+}
+
+// Duplicates at the same instant of a request the endpoint does not
+// execute: each gets the handler's answer or 409 in flight, never a
+// replay, and nothing is left stored.
+func TestUnstoredAnswerDuplicatesAtOnce(t *testing.T) {
+	const n = 30
+	e := newEnv(t, nil)
+	var runs atomic.Int64
+	h := e.handler(t, idemhttp.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		http.NotFound(w, r)
+	}))
+	codes := make([]int, n)
+	replayed := make([]string, n)
+	atonce.Run(n, func(i int) {
+		w := serve(h, request(http.MethodPost, "/nowhere", "k1", "a"))
+		codes[i], replayed[i] = w.Code, w.Header().Get(idemhttp.HeaderReplayed)
+	})
+	for i := range n {
+		if codes[i] != http.StatusNotFound && codes[i] != http.StatusConflict || replayed[i] != "" {
+			t.Fatalf("answer %d: %d replayed=%q, want 404 or 409, never a replay", i, codes[i], replayed[i])
+		}
+	}
+	if runs.Load() < 1 {
+		t.Fatal("the handler never ran")
+	}
+	e.wantAbsent(t, testTenant, "k1")
 }
