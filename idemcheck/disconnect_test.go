@@ -129,20 +129,24 @@ func TestDisconnectWhileTheHandlerWorks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng})
+	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	gate := newCutGate()
 	conflict := make(chan struct{})
 	var once sync.Once
+	// The handler runs on a context its client's disconnect does not end
+	// (idemhttp's default): the server's own request context tells.
+	clientGone := make(chan struct{})
+	var goneOnce sync.Once
 	handler := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Idempotency-Key") == disconnectKey && gate.start() {
 			// The order is written; the rest of the work outlasts the
 			// client and a retry of it.
 			rec := httptest.NewRecorder()
 			o.create(rec, r)
-			waitFor(t, r.Context().Done(), "the client to go")
+			waitFor(t, clientGone, "the client to go")
 			waitFor(t, conflict, "a retry to meet the execution")
 			for k, v := range rec.Header() {
 				w.Header()[k] = v
@@ -154,6 +158,12 @@ func TestDisconnectWhileTheHandlerWorks(t *testing.T) {
 		o.create(w, r)
 	}))
 	mux := o.mux(gate.wrap(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Idempotency-Key") == disconnectKey {
+			go func() {
+				<-r.Context().Done()
+				goneOnce.Do(func() { close(clientGone) })
+			}()
+		}
 		sw := &statusWriter{ResponseWriter: w}
 		handler.ServeHTTP(sw, r)
 		if sw.status == http.StatusConflict && r.Header.Get("Idempotency-Key") == disconnectKey {
@@ -288,7 +298,7 @@ func TestStillInFlightFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng})
+	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}

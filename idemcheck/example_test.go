@@ -17,7 +17,7 @@ func ExampleCheck() {
 	// An orders endpoint protected by idemhttp.
 	var o orders
 	eng, _ := idem.NewEngine(idemmem.New(nil), nil)
-	m, _ := idemhttp.New(idemhttp.Config{Engine: eng})
+	m, _ := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
 	srv := httptest.NewServer(o.mux(m.Handler(http.HandlerFunc(o.create))))
 	defer srv.Close()
 

@@ -166,7 +166,7 @@ func protectedServer(t testing.TB) (*httptest.Server, *orders) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng})
+	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -113,7 +113,7 @@ func lostFirstResponse(t *testing.T, h http.Handler) (*httptest.Server, *attempt
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng})
+	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestIdemclientSlowHandler(t *testing.T) {
 	// The server lets the execution finish after its client gave up (the
 	// way Stripe works), so the retry meets it in flight rather than
 	// running the operation again.
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng, FinishAfterDisconnect: true})
+	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func idemNode(t *testing.T, store idem.Store, h http.Handler) http.Handler {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = eng.Close(context.Background()) })
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng})
+	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,7 +391,7 @@ func TestInFlightOutlivesACrashedHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng, Logger: slog.New(slog.DiscardHandler)})
+	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,6 +40,7 @@ func benchRequest(key string) (*http.Request, *strings.Reader) {
 	body := strings.NewReader(benchBody)
 	r := httptest.NewRequest(http.MethodPost, "/orders?expand=customer", body)
 	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Authorization", "Bearer "+testTenant)
 	if key != "" {
 		r.Header.Set(idemhttp.HeaderKey, key)
 	}
@@ -171,7 +172,7 @@ func BenchmarkEngineOnly(b *testing.B) {
 					i = 0
 					b.StartTimer()
 				}
-				if _, err := e.engine.Do(ctx, idem.Operation{Key: keys[i], Fingerprint: fp}, fn); err != nil {
+				if _, err := e.engine.Do(ctx, idem.Operation{Tenant: testTenant, Key: keys[i], Fingerprint: fp}, fn); err != nil {
 					b.Fatal(err)
 				}
 				i++

@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,9 +14,29 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultMaxRequestBody  = 1 << 20
-	DefaultMaxResponseBody = 1 << 20
+	DefaultMaxRequestBody     = 1 << 20
+	DefaultMaxResponseBody    = 1 << 20
+	DefaultMaxStoredErrorBody = 8 << 10
 )
+
+// DefaultUnstoredStatuses are the statuses stored nowhere when
+// Config.UnstoredStatuses is nil: answers that say the endpoint did not
+// execute the request. 404 and 405 are what a router answers for a path
+// or a method it does not serve; 307 and 308 are its redirects to the
+// canonical URL (a trailing slash, a host), after which the client sends
+// the request again, to another URL; 429 says a limit was reached
+// downstream, which is no result: replaying it for the retention would
+// refuse the operation long after the limit has passed. Such an answer is
+// sent, its business writes are rolled back, and the key is released, so
+// that a retry runs. 301, 302 and 303 are not in the list: a POST handler
+// that answers 303 See Other after creating a resource did execute.
+var DefaultUnstoredStatuses = []int{
+	http.StatusTemporaryRedirect,
+	http.StatusPermanentRedirect,
+	http.StatusNotFound,
+	http.StatusMethodNotAllowed,
+	http.StatusTooManyRequests,
+}
 
 // DefaultMethods are the methods covered when Config.Methods is empty:
 // the ones that are not idempotent by definition. PUT and DELETE are, and
@@ -26,6 +47,11 @@ var DefaultMethods = []string{http.MethodPost, http.MethodPatch}
 // ones that describe the result itself. Headers about the connection, the
 // moment or the session (Date, Set-Cookie, hop-by-hop fields) are never
 // replayed; Config.ReplayHeaders adds to this list.
+//
+// The security headers a handler sets on its answer (Content-Security-Policy,
+// X-Content-Type-Options, X-Frame-Options, …) are in the list: a replayed
+// HTML page or JSON document without them would be open to the attacks
+// they keep off the first answer.
 var DefaultReplayHeaders = []string{
 	"Cache-Control",
 	"Content-Disposition",
@@ -40,6 +66,19 @@ var DefaultReplayHeaders = []string{
 	"Location",
 	"Retry-After",
 	"Vary",
+
+	"Content-Security-Policy",
+	"Content-Security-Policy-Report-Only",
+	"Cross-Origin-Embedder-Policy",
+	"Cross-Origin-Embedder-Policy-Report-Only",
+	"Cross-Origin-Opener-Policy",
+	"Cross-Origin-Opener-Policy-Report-Only",
+	"Cross-Origin-Resource-Policy",
+	"Permissions-Policy",
+	"Referrer-Policy",
+	"Strict-Transport-Security",
+	"X-Content-Type-Options",
+	"X-Frame-Options",
 }
 
 // neverReplayed are the headers a replay must not carry whatever the
@@ -64,14 +103,16 @@ var neverReplayed = map[string]bool{
 	HeaderReplayed:        true,
 }
 
-// Config configures a Middleware. Only Engine is required; the zero value
-// of every other field means its documented default.
+// Config configures a Middleware. Engine and a tenant rule (TenantFunc,
+// or SharedKeySpace) are required; the zero value of every other field
+// means its documented default.
 type Config struct {
 	// Engine runs the operations. Required.
 	Engine *idem.Engine
 
 	// Methods are the request methods the middleware protects; others pass
-	// through untouched. Defaults to DefaultMethods (POST, PATCH).
+	// through untouched, without the Idempotency-Key echo. Defaults to
+	// DefaultMethods (POST, PATCH).
 	Methods []string
 
 	// RequireKey makes a covered request without Idempotency-Key a 400
@@ -81,21 +122,46 @@ type Config struct {
 
 	// TenantFunc names the owner of the request's key space, from what the
 	// server knows of the caller (its authenticated identity), never from
-	// a header the client sets freely. An error answers 401 and nothing is
+	// a header the client sets freely: two callers who send the same key
+	// then name two operations, and neither can replay the other's answer
+	// or learn that a key was used. An error answers 401 and nothing is
 	// stored. Authentication normally sits in front of this middleware and
 	// has already refused unknown callers; TenantFunc only reads what it
-	// left in the request context. Defaults to one tenant, "", for all.
+	// left in the request context. A tenant holding a control character
+	// (a byte below 0x20, or 0x7f) is a bug of the server: it is never
+	// used, the request is answered 500 and the error logged (idem keeps
+	// such tenants for its own use: the inbox's start with 0x1f).
+	//
+	// Required unless SharedKeySpace is set.
 	TenantFunc func(r *http.Request) (string, error)
 
+	// SharedKeySpace puts every caller in one key space (the tenant ""),
+	// when TenantFunc is nil. Then any caller who sends another's key and
+	// body gets the other's answer replayed, and one who sends another
+	// body learns that the key was used: choose it only for an API with a
+	// single caller (a service called by one other), or whose keys are
+	// unguessable and whose answers are no secret. New refuses a Config
+	// with neither TenantFunc nor SharedKeySpace, and one with both.
+	SharedKeySpace bool
+
 	// FingerprintHeaders are request headers that take part in the
-	// fingerprint besides method, path, query and body (for example
-	// Content-Type, or a header that selects an API version). Defaults to
-	// none.
+	// fingerprint besides method, path, query, media type and body (for
+	// example a header that selects an API version). Defaults to none.
 	FingerprintHeaders []string
 
+	// IgnoreMediaType leaves the request's media type (the type/subtype of
+	// its Content-Type, lowercased, without parameters) out of the
+	// fingerprint. Defaults to false: the same bytes sent as JSON and as
+	// a form are two requests, which a handler may read differently, so a
+	// retry under another media type gets 422. Set it for a while after
+	// upgrading from a version that did not fingerprint the media type:
+	// the fingerprints of requests stored before carry none.
+	IgnoreMediaType bool
+
 	// MaxRequestBody bounds the body read to fingerprint it. A larger body
-	// is refused with 413 before anything runs or is stored. Defaults to
-	// 1 MiB.
+	// is refused with 413 before anything runs or is stored. The body is
+	// buffered as it arrives, never reserved ahead from the
+	// Content-Length a client announces. Defaults to 1 MiB.
 	MaxRequestBody int64
 
 	// MaxResponseBody bounds the response buffered until the commit and
@@ -106,10 +172,29 @@ type Config struct {
 	// truncated. Defaults to 1 MiB.
 	MaxResponseBody int64
 
+	// MaxStoredErrorBody bounds the body stored for an error answer (4xx
+	// or 5xx), which a caller may make as large as it likes (an error that
+	// quotes the request), and which would otherwise be kept whole for the
+	// retention. The first answer is sent whole; a larger error body is
+	// stored as the problem error-body-not-stored with the same status, so
+	// that a replay says what happened rather than send a truncated body
+	// as if it were the original: the key stays complete and the
+	// operation is never run again. Defaults to 8 KiB; set it to
+	// MaxResponseBody to store error bodies whole.
+	MaxStoredErrorBody int64
+
 	// ReplayHeaders are response headers stored and replayed besides
 	// DefaultReplayHeaders. Set-Cookie, Date and hop-by-hop headers are
 	// refused by New. Defaults to none.
 	ReplayHeaders []string
+
+	// UnstoredStatuses are the statuses of answers that say the endpoint
+	// did not execute the request: such an answer is sent but not stored,
+	// its business writes are rolled back and the key released, as when
+	// the handler calls idem.NotExecuted. Defaults, when nil, to
+	// DefaultUnstoredStatuses (307, 308, 404, 405, 429); an empty non-nil
+	// slice stores every status.
+	UnstoredStatuses []int
 
 	// ReleaseOn5xx releases the key when the handler answers 5xx, so that a
 	// retry runs again; the 5xx itself is sent but not stored. Defaults to
@@ -119,15 +204,35 @@ type Config struct {
 	// middleware in front, or set this.
 	ReleaseOn5xx bool
 
-	// FinishAfterDisconnect lets an execution run to completion, and store
-	// its result, when its client goes away mid-request (the request's
-	// context is cancelled): the client's retry then meets it in flight
-	// (409) and, once it completed, gets the replay, the way Stripe
-	// behaves. The handler then runs on a context that is not cancelled
-	// with the request, so bound its work with its own timeouts.
-	// Defaults to false, the contract's rule: a cancelled request rolls
-	// back, releases the key, and the retry runs again.
-	FinishAfterDisconnect bool
+	// CancelOnDisconnect cancels the handler's context when its client
+	// goes away (the request's context ends), as net/http does without
+	// the middleware. Defaults to false: the handler runs on, on a context
+	// that keeps the request's values but not its cancellation; its answer
+	// is stored and the client's retry gets it (409 while it still runs),
+	// the way Stripe behaves, since a retry of an operation cut short could
+	// otherwise run it twice (a payment charged twice). Its context still
+	// ends when its lease is lost and when ShutdownContext ends; bound its
+	// work with its own timeouts.
+	//
+	// Setting it has a cost: on a transactional store, a disconnect rolls
+	// the handler's writes back and releases the key, so the retry runs it
+	// again, while the effects it made outside the database (a call to a
+	// payment provider) stand; on a store without transactions the engine
+	// completes the answer the handler returned anyway, since nothing can
+	// be undone there.
+	CancelOnDisconnect bool
+
+	// ShutdownContext, when it ends, ends the context of every handler
+	// running on after its client went away, as a connection closed by
+	// http.Server.Close ends the others. http.Server.Shutdown waits for
+	// such a handler as for any other (its connection stays active until
+	// it returns); give this field the context you cancel when the server
+	// must stop at once: typically the one you return from
+	// http.Server.BaseContext and cancel when Shutdown's grace period is
+	// over. Defaults to nil: such a handler then ends when it returns,
+	// when its lease is lost, or with the process (its key is then taken
+	// over once its lease has run out).
+	ShutdownContext context.Context
 
 	// Mode says what is stored. Defaults to idem.ModeResponse. In
 	// idem.ModeReference a 2xx or 3xx response stores only its status and
@@ -144,15 +249,29 @@ type Config struct {
 	// Required for those modes.
 	ReplayFunc func(w http.ResponseWriter, r *http.Request, res idem.Result)
 
-	// Logger receives handler panics, store failures, lost leases and
-	// oversized responses. Defaults to slog.Default().
+	// Logger receives handler panics, store failures, lost leases,
+	// invalid tenants and oversized or incomplete responses. Defaults to
+	// slog.Default().
 	Logger *slog.Logger
 }
+
+// errNoTenantRule is New's answer to a Config that says nothing of
+// tenants.
+var errNoTenantRule = errors.New("idemhttp: Config.TenantFunc is nil: every caller would share one key space, " +
+	"so a caller who sends another's key and body would get the other's answer replayed; " +
+	"set TenantFunc to read the authenticated caller from the request, " +
+	"or set SharedKeySpace: true if the API has a single caller or its keys are unguessable")
 
 // validate checks c and fills in its defaults.
 func (c *Config) validate() error {
 	if c.Engine == nil {
 		return errors.New("idemhttp: Config.Engine is required")
+	}
+	switch {
+	case c.TenantFunc == nil && !c.SharedKeySpace:
+		return errNoTenantRule
+	case c.TenantFunc != nil && c.SharedKeySpace:
+		return errors.New("idemhttp: Config.TenantFunc and Config.SharedKeySpace are both set; keep one")
 	}
 	if len(c.Methods) == 0 {
 		c.Methods = DefaultMethods
@@ -163,10 +282,21 @@ func (c *Config) validate() error {
 	if c.MaxResponseBody <= 0 {
 		c.MaxResponseBody = DefaultMaxResponseBody
 	}
+	if c.MaxStoredErrorBody <= 0 {
+		c.MaxStoredErrorBody = DefaultMaxStoredErrorBody
+	}
 	// One byte past a limit tells "at it" from "over it": math.MaxInt64,
 	// a natural "no limit", must not overflow there.
 	c.MaxRequestBody = min(c.MaxRequestBody, math.MaxInt64-1)
 	c.MaxResponseBody = min(c.MaxResponseBody, math.MaxInt64-1)
+	if c.UnstoredStatuses == nil {
+		c.UnstoredStatuses = DefaultUnstoredStatuses
+	}
+	for _, s := range c.UnstoredStatuses {
+		if s < 200 || s > 999 {
+			return fmt.Errorf("idemhttp: UnstoredStatuses: %d is not a final status", s)
+		}
+	}
 	switch c.Mode {
 	case idem.ModeResponse:
 	case idem.ModeReference, idem.ModeMarker:

@@ -5,6 +5,9 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/idem-go/idem/idemhttp"
@@ -94,10 +97,11 @@ func TestFingerprintStable(t *testing.T) {
 }
 
 func FuzzFingerprint(f *testing.F) {
-	f.Add("POST", "/orders", "a=1&b=2", []byte(`{"qty":1}`), "v1")
-	f.Add("PATCH", "/a%2Fb", "", []byte{}, "")
-	f.Add("POST", "/", "a=1&a=2", []byte("x"), "a,b")
-	f.Fuzz(func(t *testing.T, method, path, query string, body []byte, hv string) {
+	f.Add("POST", "/orders", "a=1&b=2", []byte(`{"qty":1}`), "v1", "application/json")
+	f.Add("PATCH", "/a%2Fb", "", []byte{}, "", "")
+	f.Add("POST", "/", "a=1&a=2", []byte("x"), "a,b", " Text/Plain ; charset=utf-8")
+	f.Add("POST", "/", "a=%zz;b&&c=%41", []byte("x"), "", ";")
+	f.Fuzz(func(t *testing.T, method, path, query string, body []byte, hv, ct string) {
 		r, err := http.NewRequest(method, "http://h", nil)
 		if err != nil {
 			t.Skip()
@@ -105,6 +109,9 @@ func FuzzFingerprint(f *testing.F) {
 		r.URL.Path = path
 		r.URL.RawQuery = query
 		r.Header.Set("X-V", hv)
+		if ct != "" {
+			r.Header["Content-Type"] = []string{ct}
+		}
 		names := []string{"X-V"}
 		a := idemhttp.Fingerprint(r, body, names)
 		if len(a) != 32 {
@@ -132,5 +139,102 @@ func FuzzFingerprint(f *testing.F) {
 		if b := idemhttp.Fingerprint(r3, body, names); bytes.Equal(a, b) {
 			t.Fatal("another method has the same fingerprint")
 		}
+		// The media type counts; its case and parameters do not.
+		if ct != "" {
+			r4 := r.Clone(r.Context())
+			r4.Header["Content-Type"] = []string{asciiUpper(ct) + "; q=1"}
+			if b := idemhttp.Fingerprint(r4, body, names); !bytes.Equal(a, b) {
+				t.Fatalf("Content-Type %q and %q differ", ct, r4.Header["Content-Type"][0])
+			}
+		}
+		r5 := r.Clone(r.Context())
+		r5.Header["Content-Type"] = []string{"x" + ct}
+		if b := idemhttp.Fingerprint(r5, body, names); bytes.Equal(a, b) {
+			t.Fatalf("Content-Type %q and %q share a fingerprint", ct, "x"+ct)
+		}
 	})
+}
+
+// asciiUpper upper-cases the ASCII letters of s only.
+func asciiUpper(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'a' <= c && c <= 'z' {
+			b[i] = c - ('a' - 'A')
+		}
+	}
+	return string(b)
+}
+
+// manyParams returns a query of n parameters, in order or reversed.
+func manyParams(n int, reversed bool) string {
+	parts := make([]string, n)
+	for i := range n {
+		j := i
+		if reversed {
+			j = n - 1 - i
+		}
+		parts[i] = "p" + strconv.Itoa(j) + "=1"
+	}
+	return strings.Join(parts, "&")
+}
+
+// A query of more parameters than the handler's parser accepts is hashed
+// as sent, without sorting a megabyte of parameters: two orders of it
+// differ, while at the parser's limit the order still does not count.
+func TestFingerprintQueryPastTheParserLimit(t *testing.T) {
+	const limit = 10000
+	if _, err := url.ParseQuery(manyParams(limit+1, false)); err == nil {
+		t.Fatalf("url.ParseQuery accepts %d parameters: the limit moved", limit+1)
+	}
+	if a, b := fp("POST", "/o?"+manyParams(limit, false), "", nil), fp("POST", "/o?"+manyParams(limit, true), "", nil); !bytes.Equal(a, b) {
+		t.Fatal("at the parser's limit, the order of the parameters counts")
+	}
+	if a, b := fp("POST", "/o?"+manyParams(limit+1, false), "", nil), fp("POST", "/o?"+manyParams(limit+1, true), "", nil); bytes.Equal(a, b) {
+		t.Fatal("past the parser's limit, the query is not hashed as sent")
+	}
+}
+
+// The media type counts, without its parameters or case; a request
+// without Content-Type hashes as before media types counted.
+func TestFingerprintMediaType(t *testing.T) {
+	ct := func(v string) http.Header { return http.Header{"Content-Type": {v}} }
+	json := fp("POST", "/o", "a=1", ct("application/json"))
+	for _, same := range []string{"application/json; charset=utf-8", "APPLICATION/Json", "\tapplication/json ; x=y"} {
+		if !bytes.Equal(json, fp("POST", "/o", "a=1", ct(same))) {
+			t.Errorf("%q differs from application/json", same)
+		}
+	}
+	for _, other := range []string{"application/x-www-form-urlencoded", "text/json", ""} {
+		if bytes.Equal(json, fp("POST", "/o", "a=1", ct(other))) {
+			t.Errorf("%q has the fingerprint of application/json", other)
+		}
+	}
+	if bytes.Equal(json, fp("POST", "/o", "a=1", nil)) || bytes.Equal(fp("POST", "/o", "a=1", ct("")), fp("POST", "/o", "a=1", nil)) {
+		t.Error("a request without Content-Type has the fingerprint of one with")
+	}
+}
+
+// BenchmarkFingerprint measures the cost of a large query, against a body
+// of the same size.
+func BenchmarkFingerprint(b *testing.B) {
+	mb := 1 << 20
+	for _, bc := range []struct{ name, query, body string }{
+		{"body=1MB", "", strings.Repeat("x", mb)},
+		{"query=1MB/a=1&", strings.Repeat("a=1&", mb/4), ""},
+		{"query=1MB/distinct", manyParams(mb/8, true)[:mb], ""},
+		{"query=1MB/10000-params", manyParams(10000, true) + "&v=" + strings.Repeat("x", mb-len(manyParams(10000, true))), ""},
+		{"query=1MB/one-param", "a=" + strings.Repeat("x", mb), ""},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			r := httptest.NewRequest("POST", "/x", nil)
+			r.URL.RawQuery = bc.query
+			body := []byte(bc.body)
+			b.ReportAllocs()
+			defer reportCPU(b)()
+			for b.Loop() {
+				idemhttp.Fingerprint(r, body, nil)
+			}
+		})
+	}
 }

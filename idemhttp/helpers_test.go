@@ -2,6 +2,7 @@ package idemhttp_test
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -41,6 +42,26 @@ func (c *clock) Advance(d time.Duration) {
 // purpose.
 var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+// testTenant is the tenant of the requests built by request: the caller
+// its Authorization header authenticates.
+const testTenant = "acme"
+
+// tenantOf stands for what an authentication middleware in front leaves
+// for TenantFunc: here the tenant is the bearer token itself.
+func tenantOf(r *http.Request) (string, error) {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || token == "" {
+		return "", errors.New("not authenticated")
+	}
+	return token, nil
+}
+
+// as makes r a request of tenant.
+func as(tenant string, r *http.Request) *http.Request {
+	r.Header.Set("Authorization", "Bearer "+tenant)
+	return r
+}
+
 // env is a middleware over a fresh memory store.
 type env struct {
 	store  *idemmem.Store
@@ -66,10 +87,13 @@ func newEnv(t testing.TB, ec *idem.Config) *env {
 }
 
 // handler wraps next in a middleware configured by cfg (its Engine set
-// to the env's).
+// to the env's, its TenantFunc to tenantOf unless the key space is shared).
 func (e *env) handler(t testing.TB, cfg idemhttp.Config, next http.Handler) http.Handler {
 	t.Helper()
 	cfg.Engine = e.engine
+	if cfg.TenantFunc == nil && !cfg.SharedKeySpace {
+		cfg.TenantFunc = tenantOf
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger
 	}
@@ -80,13 +104,14 @@ func (e *env) handler(t testing.TB, cfg idemhttp.Config, next http.Handler) http
 	return m.Handler(next)
 }
 
-// request builds a request; key "" means no Idempotency-Key field.
+// request builds a request of testTenant; key "" means no
+// Idempotency-Key field.
 func request(method, target, key, body string) *http.Request {
 	r := httptest.NewRequest(method, target, strings.NewReader(body))
 	if key != "" {
 		r.Header.Set(idemhttp.HeaderKey, key)
 	}
-	return r
+	return as(testTenant, r)
 }
 
 func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {

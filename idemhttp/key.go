@@ -11,7 +11,8 @@ import (
 // Header names.
 const (
 	// HeaderKey carries the caller's idempotency key, on requests and
-	// echoed on every response to a request that carried one.
+	// echoed on every response to a request that carried one and whose
+	// method the middleware covers (Config.Methods).
 	HeaderKey = "Idempotency-Key"
 	// HeaderReplayed is set to "true" on a response replayed from an
 	// earlier execution.

@@ -67,7 +67,7 @@ func TestFencingSlowHandlerTakenOver(t *testing.T) {
 		t.Fatalf("the refused answer's Location %q leaked into the problem", loc)
 	}
 
-	rec, err := e.store.Get(t.Context(), "", "k1")
+	rec, err := e.store.Get(t.Context(), testTenant, "k1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestHeartbeatPreventsTakeover(t *testing.T) {
 	go func() { done <- serve(h, request(http.MethodPost, "/orders", "k1", "a")) }()
 	<-started
 
-	rec, err := e.store.Get(t.Context(), "", "k1")
+	rec, err := e.store.Get(t.Context(), testTenant, "k1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestHeartbeatPreventsTakeover(t *testing.T) {
 	// Wait for a beat on the moved clock: the lease now ends 200ms after
 	// it, past its first end.
 	waitFor(t, "a heartbeat", func() bool {
-		rec, err := e.store.Get(t.Context(), "", "k1")
+		rec, err := e.store.Get(t.Context(), testTenant, "k1")
 		return err == nil && rec.LockedUntil.After(firstEnd)
 	})
 	e.clock.Advance(100 * time.Millisecond) // past the first end, within the extended one

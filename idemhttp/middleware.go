@@ -2,12 +2,14 @@ package idemhttp
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -22,19 +24,25 @@ type Middleware struct {
 	methods    []string
 	replay     headerSet // canonical names of the headers stored
 	retryAfter []string  // the Retry-After value, in whole seconds
+	problems   *problems // the texts true for the engine's store
 }
 
 // New returns a middleware for config, or an error when config is
-// unusable: no Engine, a storage mode without its ReplayFunc, or a
+// unusable: no Engine, no tenant rule (neither TenantFunc nor
+// SharedKeySpace), a storage mode without its ReplayFunc, or a
 // ReplayHeaders entry that must never be replayed.
 func New(config Config) (*Middleware, error) {
 	if err := config.validate(); err != nil {
 		return nil, err
 	}
 	m := &Middleware{
-		config:  config,
-		engine:  config.Engine,
-		methods: config.Methods,
+		config:   config,
+		engine:   config.Engine,
+		methods:  config.Methods,
+		problems: &problemsNotTransactional,
+	}
+	if config.Engine.Store().Info().Transactional {
+		m.problems = &problemsTransactional
 	}
 	for _, name := range DefaultReplayHeaders {
 		m.replay.add(http.CanonicalHeaderKey(name))
@@ -111,8 +119,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	key, err := ParseKey(r.Header)
 	if err != nil {
-		// Echoed too (SPEC: every answer to a request that carried a
-		// key), so that the client can tell which of its keys was refused.
+		// Echoed too, as every answer to a covered request that carried a
+		// key, so that the client can tell which of its keys was refused.
 		w.Header()[HeaderKey] = r.Header[HeaderKey]
 		writeProblem(w, problemInvalidKey)
 		return
@@ -134,8 +142,21 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			writeProblem(w, problemUnauthenticated)
 			return
 		}
+		if hasCTL(tenant) {
+			// Control characters name tenants idem keeps for itself (the
+			// inbox's start with 0x1f): using one would share their key
+			// space. A server bug, not the caller's.
+			m.config.Logger.ErrorContext(r.Context(), "idemhttp: Config.TenantFunc returned a tenant holding a control character; request refused",
+				slog.String("tenant", fieldtext.Escape(tenant)), slog.String("key", key))
+			writeProblem(w, problemInternal)
+			return
+		}
 	}
-	body, err := readBody(r, m.config.MaxRequestBody)
+
+	x := &exchange{m: m, w: w, r: r, next: next, scratch: scratches.Get().(*scratch)}
+	defer x.end()
+	buf, err := readBody(r, m.config.MaxRequestBody, x.scratch.req)
+	x.body.set(buf)
 	if err != nil {
 		if errors.Is(err, errRequestTooLarge) {
 			writeProblem(w, problemRequestTooLarge)
@@ -144,68 +165,192 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		return
 	}
-	defer body.free()
 
 	op := idem.Operation{
 		Tenant:      tenant,
 		Key:         key,
-		Fingerprint: fingerprint(body.fingerprint[:0], r, body.bytes(), m.config.FingerprintHeaders),
+		Fingerprint: fingerprint(x.fp[:0], r, buf, m.config.FingerprintHeaders, !m.config.IgnoreMediaType),
 	}
-	ctx := r.Context()
-	if m.config.FinishAfterDisconnect {
-		ctx = context.WithoutCancel(ctx)
-		r = r.WithContext(ctx)
+	x.ctx = r.Context()
+	if !m.config.CancelOnDisconnect {
+		x.detached = detached{values: x.ctx, life: m.config.ShutdownContext}
+		x.ctx = &x.detached
 	}
-	run := execution{m: m, w: w, r: r, body: body, next: next}
-	out, err := m.engine.Do(ctx, op, run.do)
-	if run.rec != nil {
-		defer run.rec.free()
-	}
+	out, err := m.engine.Do(x.ctx, op, x.do)
 	switch {
 	case err == nil && out.Replayed:
-		m.writeReplay(w, r, body, out.Result)
+		m.writeReplay(w, r, &x.body, out.Result)
 	case err == nil:
-		run.rec.deliver(out.Result.Status, run.rec.body)
+		x.rec.deliver(x.rec.finalStatus(), x.rec.body)
 	default:
-		m.writeError(w, r, run.rec, op, err)
+		m.writeError(x, op, err)
 	}
 }
 
-// execution is one run of the handler under the engine.
-type execution struct {
-	m    *Middleware
-	w    http.ResponseWriter
-	r    *http.Request
-	body *requestBody
-	next http.Handler
-	rec  *recorder // set when the handler runs; replays need none
+// hasCTL reports whether s holds a control character (below 0x20, or
+// 0x7f).
+func hasCTL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == 0x7f {
+			return true
+		}
+	}
+	return false
+}
+
+// detached is the context a handler runs on when its client's going away
+// must not cancel it: the request's values without its cancellation, as
+// context.WithoutCancel makes (built inside the exchange, it costs no
+// allocation), ended by Config.ShutdownContext when there is one. The
+// engine adds the end of the lease.
+type detached struct {
+	values context.Context // the request's
+	life   context.Context // Config.ShutdownContext; nil: never ends
+}
+
+func (c *detached) Deadline() (time.Time, bool) {
+	if c.life == nil {
+		return time.Time{}, false
+	}
+	return c.life.Deadline()
+}
+
+func (c *detached) Done() <-chan struct{} {
+	if c.life == nil {
+		return nil
+	}
+	return c.life.Done()
+}
+
+func (c *detached) Err() error {
+	if c.life == nil {
+		return nil
+	}
+	return c.life.Err()
+}
+
+// Value answers the request's values, then the life context's. One value
+// is held back: the request's own cancellation, which the context package
+// looks up as a value (to find the cause of a cancellation, or the
+// context a derived one hangs on); it is the value that is itself a
+// context ending with the request. Held back, context.Cause finds the
+// life context's instead, or none, as it does for context.WithoutCancel.
+func (c *detached) Value(key any) any {
+	v := c.values.Value(key)
+	if vc, ok := v.(context.Context); ok {
+		if done := vc.Done(); done != nil && done == c.values.Done() {
+			v = nil
+		}
+	}
+	if v == nil && c.life != nil {
+		return c.life.Value(key)
+	}
+	return v
+}
+
+func (c *detached) String() string { return "idemhttp.detached" }
+
+// exchange is one protected request. What it hands the handler (the
+// recorder as its ResponseWriter, the body as its Request.Body) is
+// allocated with it and never reused: a handler, or a goroutine it
+// started, may still hold those once the request has ended, and they then
+// refuse service. The buffers behind them, which only the middleware
+// touches once the handler has returned, come from a pool.
+type exchange struct {
+	m        *Middleware
+	w        http.ResponseWriter
+	r        *http.Request
+	next     http.Handler
+	ctx      context.Context // what Engine.Do was given
+	detached detached
+	body     requestBody
+	rec      recorder
+	ran      bool // the handler was called
+	fp       [sha256.Size]byte
+	scratch  *scratch
+}
+
+// scratch holds the buffers an exchange borrows.
+type scratch struct {
+	req    []byte
+	resp   []byte
+	outer  []headerField
+	stored map[string][]string
+}
+
+var scratches = sync.Pool{New: func() any {
+	return &scratch{outer: make([]headerField, 0, 4), stored: make(map[string][]string, 4)}
+}}
+
+// end gives the buffers back once the answer has been sent. The handler
+// has returned (the engine does not return before), so the recorder is
+// sealed; the body may still be read by what the handler left behind:
+// its buffer is kept out of the pool while a WriteTo writes from it.
+func (x *exchange) end() {
+	s := x.scratch
+	x.scratch = nil
+	s.req = x.body.end()
+	if cap(s.req) > maxPooledBody {
+		s.req = nil
+	}
+	if x.ran {
+		x.rec.seal()
+		s.resp = x.rec.body[:0]
+		if cap(s.resp) > maxPooledBody {
+			s.resp = nil
+		}
+		clear(x.rec.outer) // drop the references: the pool must not keep them alive
+		s.outer = x.rec.outer[:0]
+	}
+	// Deleted one by one: clear reseeds the map's hash, which costs more
+	// than the few entries it holds.
+	for k := range s.stored {
+		delete(s.stored, k)
+	}
+	scratches.Put(s)
 }
 
 // errReleased5xx makes the engine release the key after a 5xx when
 // Config.ReleaseOn5xx is set; the recorded 5xx is then sent unstored.
 var errReleased5xx = errors.New("idemhttp: 5xx answer, key released")
 
+// errShortBody makes the engine drop an answer whose body is shorter than
+// the Content-Length its handler declared.
+var errShortBody = errors.New("idemhttp: the handler wrote less than the Content-Length it declared")
+
 // do runs the handler on a request that carries ctx: the engine's context,
 // through which the handler reaches the store's transaction
 // (idemsql.Tx(ctx), idempg.TxFromContext(ctx)) and sees a lost lease.
-func (e *execution) do(ctx context.Context) (idem.Result, error) {
-	rec := newRecorder(e.w, e.m.config.MaxResponseBody)
-	e.rec = rec
-	if e.m.config.Mode == idem.ModeReference {
+func (x *exchange) do(ctx context.Context) (idem.Result, error) {
+	m := x.m
+	rec := &x.rec
+	rec.start(x.w, m.config.MaxResponseBody, x.scratch.resp, x.scratch.outer)
+	x.ran = true
+	if m.config.Mode == idem.ModeReference {
 		ctx = context.WithValue(ctx, referenceKey{}, rec)
 	}
-	r := e.r.WithContext(ctx)
+	r := x.r.WithContext(ctx)
 	if r.Body != nil && r.Body != http.NoBody {
-		e.body.reset()
-		r.Body = e.body
+		r.Body = &x.body
 	}
-	e.next.ServeHTTP(rec, r)
+	// Sealed however the handler ends: a panic and runtime.Goexit too.
+	defer rec.seal()
+	x.next.ServeHTTP(rec, r)
+	rec.seal()
 
 	if rec.over {
 		return idem.Result{}, ErrResponseTooLarge
 	}
+	if rec.short() {
+		return idem.Result{}, errShortBody
+	}
 	status := rec.finalStatus()
-	if status >= 500 && e.m.config.ReleaseOn5xx {
+	if slices.Contains(m.config.UnstoredStatuses, status) {
+		// The endpoint says it did not execute: send, store nothing.
+		idem.NotExecuted(ctx)
+		return idem.Result{Mode: idem.ModeResponse, Status: status}, nil
+	}
+	if status >= 500 && m.config.ReleaseOn5xx {
 		return idem.Result{}, errReleased5xx
 	}
 	if status >= 500 {
@@ -217,19 +362,51 @@ func (e *execution) do(ctx context.Context) (idem.Result, error) {
 	case status >= 400:
 		// Errors are stored whole in every mode: there is no resource to
 		// rebuild them from.
-	case e.m.config.Mode == idem.ModeReference && rec.refSet:
+		if int64(len(rec.body)) > m.config.MaxStoredErrorBody {
+			res.Header = m.storedErrorHeader(x.scratch.stored, x.w.Header())
+			res.Body = errorBodyNotStored(status, len(rec.body))
+			return res, nil
+		}
+	case m.config.Mode == idem.ModeReference && rec.refSet:
 		res.Mode = idem.ModeReference
 		res.Reference = rec.ref
 		return res, nil
-	case e.m.config.Mode == idem.ModeMarker:
+	case m.config.Mode == idem.ModeMarker:
 		res.Mode = idem.ModeMarker
 		return res, nil
 	}
-	res.Header = e.m.storedHeader(rec.stored, e.w.Header())
+	res.Header = m.storedHeader(x.scratch.stored, x.w.Header())
 	// The body is the recorder's buffer: the store copies it (or encodes
 	// it) in Complete, and the buffer lives until the response is sent.
 	res.Body = rec.body
 	return res, nil
+}
+
+// representation are the replayed headers that describe the body itself:
+// wrong for the problem stored in place of an error body too large.
+var representation = map[string]bool{
+	"Content-Disposition": true,
+	"Content-Encoding":    true,
+	"Content-Language":    true,
+	"Content-Location":    true,
+	"Content-Type":        true,
+	"Etag":                true,
+	"Last-Modified":       true,
+}
+
+// storedErrorHeader is storedHeader for the problem stored in place of an
+// error body too large: its own Content-Type, and none of the headers
+// that described the original body.
+func (m *Middleware) storedErrorHeader(out map[string][]string, h http.Header) map[string][]string {
+	m.storedHeader(out, h)
+	for k := range out {
+		if representation[k] {
+			delete(out, k)
+		}
+	}
+	out["Content-Type"] = contentTypeProblem
+	out["X-Content-Type-Options"] = nosniff
+	return out
 }
 
 // storedHeader fills out with the allowlisted part of h and returns it,
@@ -274,7 +451,7 @@ func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *r
 		// outer middlewares still hold.
 		r = r.WithContext(r.Context())
 		if r.Body != nil && r.Body != http.NoBody {
-			body.reset()
+			body.rewind()
 			r.Body = body
 		}
 		m.callReplayFunc(w, r, res)
@@ -339,14 +516,20 @@ func (t *writeTracker) Write(p []byte) (int, error) {
 func (t *writeTracker) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
 // writeError answers a failed Engine.Do.
-func (m *Middleware) writeError(w http.ResponseWriter, r *http.Request, rec *recorder, op idem.Operation, err error) {
-	if rec != nil && !errors.Is(err, errReleased5xx) {
+func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) {
+	w := x.w
+	var rec *recorder
+	if x.ran {
+		rec = &x.rec
+	}
+	if rec != nil && !errors.Is(err, errReleased5xx) && !errors.Is(err, errShortBody) {
 		// The handler ran but its answer is discarded: none of its
 		// headers may reach the problem.
 		rec.restoreHeader()
 	}
-	ctx := r.Context()
+	ctx := x.ctx
 	log := m.config.Logger
+	p := m.problems
 	var panicErr *idem.PanicError
 	switch {
 	case errors.As(err, &panicErr):
@@ -355,10 +538,19 @@ func (m *Middleware) writeError(w http.ResponseWriter, r *http.Request, rec *rec
 			// the response as the handler meant.
 			panic(http.ErrAbortHandler)
 		}
-		log.ErrorContext(ctx, "idemhttp: handler panicked; rolled back and key released",
+		log.ErrorContext(ctx, "idemhttp: handler panicked",
 			slog.String("key", op.Key), slog.Any("panic", panicErr.Value), slog.String("stack", string(panicErr.Stack)))
-		writeProblem(w, problemHandlerPanic)
+		writeProblem(w, p.handlerPanic)
 	case errors.Is(err, errReleased5xx):
+		rec.deliver(rec.finalStatus(), rec.body)
+	case errors.Is(err, errShortBody):
+		// What net/http would have sent: the declared Content-Length and
+		// the bytes written, on a connection it then closes, so that the
+		// client sees a broken response and retries. Nothing is stored:
+		// a replay could only repeat the breakage, or pass a truncated
+		// body off as whole.
+		log.ErrorContext(ctx, "idemhttp: the handler wrote less than the Content-Length it declared; answer sent as net/http sends it, not stored, key released",
+			slog.String("key", op.Key), slog.Int64("declared", rec.declLen), slog.Int("written", len(rec.body)))
 		rec.deliver(rec.finalStatus(), rec.body)
 	case errors.Is(err, idem.ErrFingerprintMismatch):
 		writeProblem(w, problemFingerprintMismatch)
@@ -366,22 +558,32 @@ func (m *Middleware) writeError(w http.ResponseWriter, r *http.Request, rec *rec
 		w.Header()["Retry-After"] = m.retryAfter
 		writeProblem(w, problemInFlight)
 	case errors.Is(err, idem.ErrLeaseLost):
-		log.WarnContext(ctx, "idemhttp: lease lost to a takeover; work rolled back",
+		log.WarnContext(ctx, "idemhttp: lease lost to a takeover; answer discarded",
 			slog.String("key", op.Key))
-		writeProblem(w, problemLeaseLost)
+		writeProblem(w, p.leaseLost)
 	case errors.Is(err, ErrResponseTooLarge):
-		log.ErrorContext(ctx, "idemhttp: response larger than MaxResponseBody; rolled back and key released",
+		log.ErrorContext(ctx, "idemhttp: response larger than MaxResponseBody; discarded and key released",
 			slog.String("key", op.Key), slog.Int64("limit", m.config.MaxResponseBody))
-		writeProblem(w, problemResponseTooLarge)
-	case ctx.Err() != nil:
+		writeProblem(w, p.responseTooLarge)
+	case ctx.Err() != nil && !(x.ran && errors.Is(err, idem.ErrStore)):
 		// Checked before the store: a cancelled claim also fails as a
-		// store error, but the store is not to blame.
-		writeProblem(w, problemRequestCancelled)
+		// store error, but the store is not to blame. Once the handler
+		// ran, a store error is the store's, and says what became of the
+		// work.
+		if x.ran {
+			writeProblem(w, p.requestCancelledRan)
+		} else {
+			writeProblem(w, p.requestCancelled)
+		}
 	case errors.Is(err, idem.ErrStore):
 		log.WarnContext(ctx, "idemhttp: store failed; request not completed",
-			slog.String("key", op.Key), slog.Any("error", err))
+			slog.String("key", op.Key), slog.Bool("handler_ran", x.ran), slog.Any("error", err))
 		w.Header()["Retry-After"] = m.retryAfter
-		writeProblem(w, problemStoreUnavailable)
+		if x.ran {
+			writeProblem(w, p.storeUnavailableRan)
+		} else {
+			writeProblem(w, p.storeUnavailable)
+		}
 	case errors.Is(err, idem.ErrInvalidKey):
 		writeProblem(w, problemInvalidKey)
 	default:

@@ -17,7 +17,7 @@ import (
 	"github.com/idem-go/idem/idemhttp"
 )
 
-// The tests in this file follow the rows of SPEC §4, in order.
+// The tests in this file follow the table of docs/PROTOCOL.md, in order.
 
 func TestMethodNotCoveredPassesThrough(t *testing.T) {
 	e := newEnv(t, nil)
@@ -143,7 +143,7 @@ func TestKeyAbsentRunsAndStores(t *testing.T) {
 	if w.Header().Get(idemhttp.HeaderReplayed) != "" {
 		t.Fatal("a fresh answer is marked replayed")
 	}
-	rec, err := e.store.Get(t.Context(), "", "k1")
+	rec, err := e.store.Get(t.Context(), testTenant, "k1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,10 +187,45 @@ func TestReplaySameFingerprint(t *testing.T) {
 	}
 }
 
+// The security headers a handler sets are replayed with its answer: a
+// replayed page without them would be open to what they keep off.
+func TestSecurityHeadersReplayed(t *testing.T) {
+	e := newEnv(t, nil)
+	security := map[string]string{
+		"Content-Security-Policy":      "default-src 'self'",
+		"X-Content-Type-Options":       "nosniff",
+		"X-Frame-Options":              "DENY",
+		"Strict-Transport-Security":    "max-age=63072000",
+		"Referrer-Policy":              "no-referrer",
+		"Permissions-Policy":           "camera=()",
+		"Cross-Origin-Opener-Policy":   "same-origin",
+		"Cross-Origin-Embedder-Policy": "require-corp",
+		"Cross-Origin-Resource-Policy": "same-origin",
+	}
+	h := e.handler(t, idemhttp.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for k, v := range security {
+			w.Header().Set(k, v)
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "<p>order created</p>")
+	}))
+	serve(h, request(http.MethodPost, "/orders", "k1", "a"))
+	w := serve(h, request(http.MethodPost, "/orders", "k1", "a"))
+	if w.Header().Get(idemhttp.HeaderReplayed) != "true" {
+		t.Fatal("not a replay")
+	}
+	for k, v := range security {
+		if got := w.Header().Get(k); got != v {
+			t.Errorf("replayed %s = %q, want %q", k, got, v)
+		}
+	}
+}
+
 func TestSetCookieNeverReplayed(t *testing.T) {
 	e := newEnv(t, nil)
 	for _, name := range []string{"Set-Cookie", "set-cookie", "Date", "Connection", "Transfer-Encoding"} {
-		_, err := idemhttp.New(idemhttp.Config{Engine: e.engine, ReplayHeaders: []string{name}})
+		_, err := idemhttp.New(idemhttp.Config{Engine: e.engine, TenantFunc: tenantOf, ReplayHeaders: []string{name}})
 		if err == nil {
 			t.Fatalf("New accepted ReplayHeaders %q", name)
 		}
@@ -200,7 +235,7 @@ func TestSetCookieNeverReplayed(t *testing.T) {
 	h := e.handler(t, idemhttp.Config{}, &counting{})
 	r := request(http.MethodPost, "/orders", "k1", "x")
 	fp := idemhttp.Fingerprint(r, []byte("x"), nil)
-	_, err := e.engine.Do(t.Context(), idem.Operation{Key: "k1", Fingerprint: fp}, func(context.Context) (idem.Result, error) {
+	_, err := e.engine.Do(t.Context(), idem.Operation{Tenant: testTenant, Key: "k1", Fingerprint: fp}, func(context.Context) (idem.Result, error) {
 		return idem.Result{Status: 200, Header: map[string][]string{"Set-Cookie": {"a=b"}, "Date": {"yesterday"}, "Etag": {`"v1"`}}, Body: []byte("ok")}, nil
 	})
 	if err != nil {
@@ -315,23 +350,22 @@ func TestInFlightRetryAfter(t *testing.T) {
 func TestInFlightLeaseExpiredTakeover(t *testing.T) {
 	e := newEnv(t, &idem.Config{Lease: 200 * time.Millisecond, Heartbeat: -1})
 	var n atomic.Int64
-	stuck := make(chan struct{})
+	stuck, unstick := make(chan struct{}), make(chan struct{})
 	h := e.handler(t, idemhttp.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if n.Add(1) == 1 {
-			// The first execution dies without answering, as a killed
+			// The first execution hangs without answering, as a killed
 			// process would: its lease is never extended nor released.
 			close(stuck)
-			<-r.Context().Done()
+			<-unstick
 			return
 		}
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, "second")
 	}))
-	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		serve(h, request(http.MethodPost, "/orders", "k1", "a").WithContext(ctx))
+		serve(h, request(http.MethodPost, "/orders", "k1", "a"))
 	}()
 	<-stuck
 	// Within the lease: in flight.
@@ -341,7 +375,7 @@ func TestInFlightLeaseExpiredTakeover(t *testing.T) {
 	if w.Code != http.StatusCreated || w.Body.String() != "second" {
 		t.Fatalf("after the lease: %d %q, want the takeover's 201", w.Code, w.Body)
 	}
-	cancel()
+	close(unstick)
 	<-done
 }
 
@@ -379,7 +413,7 @@ func TestStoreUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := &counting{}
-	m, err := idemhttp.New(idemhttp.Config{Engine: engine, Logger: quietLogger})
+	m, err := idemhttp.New(idemhttp.Config{Engine: engine, TenantFunc: tenantOf, Logger: quietLogger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +429,8 @@ func TestStoreUnavailable(t *testing.T) {
 }
 
 func TestHandlerStatusesStored(t *testing.T) {
-	for _, status := range []int{http.StatusOK, http.StatusSeeOther, http.StatusBadRequest, http.StatusNotFound} {
+	// 303 See Other after a creation is a result: stored like the others.
+	for _, status := range []int{http.StatusOK, http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther, http.StatusBadRequest, http.StatusConflict, http.StatusUnprocessableEntity} {
 		e := newEnv(t, nil)
 		var n atomic.Int64
 		h := e.handler(t, idemhttp.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -443,7 +478,7 @@ func TestHandler5xxReleased(t *testing.T) {
 		t.Fatalf("first: %d %q, want the handler's 503", first.Code, first.Body)
 	}
 	wantEcho(t, first, "k1")
-	e.wantAbsent(t, "", "k1")
+	e.wantAbsent(t, testTenant, "k1")
 	second := serve(h, request(http.MethodPost, "/orders", "k1", "a"))
 	if second.Code != http.StatusCreated || n.Load() != 2 {
 		t.Fatalf("retry: %d, ran %d times; want a fresh 201 from a second run", second.Code, n.Load())
@@ -469,7 +504,7 @@ func TestHandlerPanics(t *testing.T) {
 	}
 	// idemmem has no transaction: what the handler did before its panic
 	// stands, so its key stays in flight until the lease ends.
-	e.wantState(t, "", "k1", idem.StateInFlight)
+	e.wantState(t, testTenant, "k1", idem.StateInFlight)
 	if w := serve(h, request(http.MethodPost, "/orders", "k1", "a")); w.Code != http.StatusConflict || n.Load() != 1 {
 		t.Fatalf("retry after panic: %d, ran %d times; want 409 and 1", w.Code, n.Load())
 	}
@@ -488,13 +523,14 @@ func TestHandlerAbortRepanics(t *testing.T) {
 		}()
 		serve(h, request(http.MethodPost, "/orders", "k1", "a"))
 	}()
-	e.wantState(t, "", "k1", idem.StateInFlight)
+	e.wantState(t, testTenant, "k1", idem.StateInFlight)
 }
 
+// With CancelOnDisconnect, a cancelled request cancels its handler.
 func TestRequestCancelled(t *testing.T) {
 	e := newEnv(t, nil)
 	b := newBlocking("late")
-	h := e.handler(t, idemhttp.Config{}, b)
+	h := e.handler(t, idemhttp.Config{CancelOnDisconnect: true}, b)
 	ctx, cancel := context.WithCancel(t.Context())
 	var w *httptest.ResponseRecorder
 	done := make(chan struct{})
@@ -508,7 +544,7 @@ func TestRequestCancelled(t *testing.T) {
 	wantProblem(t, w, http.StatusInternalServerError, "request-cancelled")
 	// idemmem has no transaction: the answer the handler gave after the
 	// client left is stored for its retry rather than run again.
-	e.wantState(t, "", "k1", idem.StateComplete)
+	e.wantState(t, testTenant, "k1", idem.StateComplete)
 }
 
 // A handler that writes its answer although the request was cancelled
@@ -517,13 +553,13 @@ func TestRequestCancelled(t *testing.T) {
 func TestRequestCancelledHandlerAnswers(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx, cancel := context.WithCancel(t.Context())
-	h := e.handler(t, idemhttp.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := e.handler(t, idemhttp.Config{CancelOnDisconnect: true}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cancel()
 		w.WriteHeader(http.StatusCreated)
 	}))
 	w := serve(h, request(http.MethodPost, "/orders", "k1", "a").WithContext(ctx))
 	wantProblem(t, w, http.StatusInternalServerError, "request-cancelled")
-	e.wantState(t, "", "k1", idem.StateComplete)
+	e.wantState(t, testTenant, "k1", idem.StateComplete)
 }
 
 func TestTenantError(t *testing.T) {
@@ -582,7 +618,7 @@ func TestResponseTooLarge(t *testing.T) {
 		t.Fatalf("Write returned %v, want ErrResponseTooLarge", writeErr)
 	}
 	// Neither sent unstored nor stored truncated: released.
-	e.wantAbsent(t, "", "k1")
+	e.wantAbsent(t, testTenant, "k1")
 	serve(h, request(http.MethodPost, "/orders", "k1", "a"))
 	if n.Load() != 2 {
 		t.Fatalf("ran %d times, want 2", n.Load())
@@ -619,11 +655,14 @@ func (errReader) Read([]byte) (int, error) { return 0, errors.New("connection re
 func TestNewRefusesBadConfig(t *testing.T) {
 	e := newEnv(t, nil)
 	for name, cfg := range map[string]idemhttp.Config{
-		"no engine":             {},
-		"reference, no replay":  {Engine: e.engine, Mode: idem.ModeReference},
-		"marker, no replay":     {Engine: e.engine, Mode: idem.ModeMarker},
-		"unknown mode":          {Engine: e.engine, Mode: 42},
-		"cookie in replay list": {Engine: e.engine, ReplayHeaders: []string{"Set-Cookie"}},
+		"no engine":             {TenantFunc: tenantOf},
+		"reference, no replay":  {Engine: e.engine, TenantFunc: tenantOf, Mode: idem.ModeReference},
+		"marker, no replay":     {Engine: e.engine, TenantFunc: tenantOf, Mode: idem.ModeMarker},
+		"unknown mode":          {Engine: e.engine, TenantFunc: tenantOf, Mode: 42},
+		"cookie in replay list": {Engine: e.engine, TenantFunc: tenantOf, ReplayHeaders: []string{"Set-Cookie"}},
+		"no tenant rule":        {Engine: e.engine},
+		"two tenant rules":      {Engine: e.engine, TenantFunc: tenantOf, SharedKeySpace: true},
+		"unstored 1xx":          {Engine: e.engine, TenantFunc: tenantOf, UnstoredStatuses: []int{103}},
 	} {
 		if _, err := idemhttp.New(cfg); err == nil {
 			t.Errorf("%s: New accepted the config", name)
@@ -648,32 +687,41 @@ func TestOuterHeadersKept(t *testing.T) {
 	}
 }
 
-// With FinishAfterDisconnect, a client that goes away does not end the
-// execution: it completes and is stored, and the retry gets the replay
-// instead of running the operation a second time.
-func TestRequestCancelledFinishAfterDisconnect(t *testing.T) {
+// By default a client that goes away does not end the execution: the
+// handler runs on a context its request's end does not cancel, its answer
+// is stored, and the retry gets the replay instead of running the
+// operation a second time.
+func TestDisconnectFinishesByDefault(t *testing.T) {
 	e := newEnv(t, nil)
-	b := newBlocking("finished")
-	h := e.handler(t, idemhttp.Config{FinishAfterDisconnect: true}, b)
+	var runs atomic.Int64
+	started, release := make(chan struct{}), make(chan struct{})
+	h := e.handler(t, idemhttp.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		close(started)
+		<-release
+		if err := r.Context().Err(); err != nil {
+			http.Error(w, "cancelled: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "finished")
+	}))
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		serve(h, request(http.MethodPost, "/orders", "k1", "a").WithContext(ctx))
 	}()
-	<-b.started
+	<-started
 	cancel()
-	close(b.release)
+	close(release)
 	<-done
-	rec, err := e.store.Get(t.Context(), "", "k1")
-	if err != nil || rec.State != idem.StateComplete {
-		t.Fatalf("record %+v, %v; want complete", rec, err)
-	}
+	e.wantState(t, testTenant, "k1", idem.StateComplete)
 	w := serve(h, request(http.MethodPost, "/orders", "k1", "a"))
 	if w.Code != http.StatusCreated || w.Body.String() != "finished" || w.Header().Get(idemhttp.HeaderReplayed) != "true" {
 		t.Fatalf("retry got %d %q replayed=%q, want the stored 201", w.Code, w.Body.String(), w.Header().Get(idemhttp.HeaderReplayed))
 	}
-	if n := b.n.Load(); n != 1 {
+	if n := runs.Load(); n != 1 {
 		t.Fatalf("handler ran %d times, want 1", n)
 	}
 }

@@ -37,7 +37,7 @@ func TestModeReference(t *testing.T) {
 	if first.Code != http.StatusCreated || first.Body.String() != "order ord_42" {
 		t.Fatalf("first: %d %q", first.Code, first.Body)
 	}
-	rec, err := e.store.Get(t.Context(), "", "k1")
+	rec, err := e.store.Get(t.Context(), testTenant, "k1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestModeMarker(t *testing.T) {
 		io.WriteString(w, "original")
 	}))
 	serve(h, request(http.MethodPost, "/jobs", "k1", "a"))
-	rec, err := e.store.Get(t.Context(), "", "k1")
+	rec, err := e.store.Get(t.Context(), testTenant, "k1")
 	if err != nil {
 		t.Fatal(err)
 	}

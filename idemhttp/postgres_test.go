@@ -52,7 +52,7 @@ func (e *pgEnv) handler(t *testing.T, ec idem.Config, next http.Handler) http.Ha
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := idemhttp.New(idemhttp.Config{Engine: engine, Logger: quietLogger})
+	m, err := idemhttp.New(idemhttp.Config{Engine: engine, TenantFunc: tenantOf, Logger: quietLogger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestPostgresFencing(t *testing.T) {
 	if items := e.items(t); len(items) != 1 || items[0] != "winner" {
 		t.Fatalf("orders %q, want the winner's only", items)
 	}
-	rec, err := e.store.Get(t.Context(), "", "k1")
+	rec, err := e.store.Get(t.Context(), testTenant, "k1")
 	if err != nil {
 		t.Fatal(err)
 	}

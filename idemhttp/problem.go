@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 )
 
@@ -58,25 +59,10 @@ var (
 		"The request body could not be read whole. Nothing ran and nothing was stored; retry with the same key.")
 	problemFingerprintMismatch = newProblem("fingerprint-mismatch", http.StatusUnprocessableEntity,
 		"Idempotency-Key reused for another request",
-		"This key was already used with a different method, path, query, body or headers. Nothing ran. Use a new key for a new operation.")
+		"This key was already used with a different method, path, query, media type, body or headers. Nothing ran. Use a new key for a new operation.")
 	problemInFlight = newProblem("in-flight", http.StatusConflict,
 		"Request with this Idempotency-Key in progress",
 		"An earlier request with this key is still running. Retry with the same key after Retry-After seconds to get its answer.")
-	problemLeaseLost = newProblem("lease-lost", http.StatusConflict,
-		"Request with this Idempotency-Key taken over",
-		"This execution ran past its lease and a retry took the key over; its work was rolled back. Retry with the same key to get the answer of the execution that won.")
-	problemStoreUnavailable = newProblem("store-unavailable", http.StatusServiceUnavailable,
-		"Idempotency store unavailable",
-		"The server could not record this request, so it did not complete it. Retry with the same key after Retry-After seconds.")
-	problemHandlerPanic = newProblem("handler-panic", http.StatusInternalServerError,
-		"Internal error",
-		"The request failed; its work was rolled back and the key released. Retrying with the same key runs it again.")
-	problemRequestCancelled = newProblem("request-cancelled", http.StatusInternalServerError,
-		"Request cancelled",
-		"The request was cancelled before it completed; its work was rolled back and the key released. Retrying with the same key runs it again.")
-	problemResponseTooLarge = newProblem("response-too-large", http.StatusInternalServerError,
-		"Response too large to store",
-		"The answer was larger than the server can store for replays, so the work was rolled back and the key released rather than leaving the operation unprotected. Retrying will fail the same way; report it to the API's operators.")
 	problemInternal = newProblem("internal-error", http.StatusInternalServerError,
 		"Internal error",
 		"The request failed in the idempotency layer. Retry with the same key.")
@@ -84,6 +70,98 @@ var (
 		"Stored answer cannot be replayed",
 		"The operation completed earlier but its stored answer cannot be rebuilt. It will not run again under this key; report it to the API's operators.")
 )
+
+// The slug of the body stored in place of an error body too large to
+// store (Config.MaxStoredErrorBody); its status is the original's.
+const slugErrorBodyNotStored = "error-body-not-stored"
+
+// problems are the answers whose truth depends on whether the handler ran
+// and on whether the store can roll its work back (StoreInfo.Transactional):
+// a client deciding whether to retry must not be told that work was
+// rolled back when it stands.
+type problems struct {
+	storeUnavailable    *problem // the handler did not run
+	storeUnavailableRan *problem
+	requestCancelled    *problem // the handler did not run
+	requestCancelledRan *problem
+	leaseLost           *problem
+	handlerPanic        *problem
+	responseTooLarge    *problem
+}
+
+// Shared by both kinds of store: nothing had run.
+var (
+	problemStoreUnavailable = newProblem("store-unavailable", http.StatusServiceUnavailable,
+		"Idempotency store unavailable",
+		"The server could not reach the store that records idempotency keys, so it did not run this request (it fails closed rather than risk running it twice). Retry with the same key after Retry-After seconds.")
+	problemRequestCancelled = newProblem("request-cancelled", http.StatusInternalServerError,
+		"Request cancelled",
+		"The request was cancelled (the client went away, a deadline passed, or the server is stopping) before it ran. Nothing ran; retry with the same key.")
+)
+
+// problemsTransactional are the texts for a store whose unit of work is a
+// database transaction: what the handler wrote through it rolls back.
+var problemsTransactional = problems{
+	storeUnavailable: problemStoreUnavailable,
+	storeUnavailableRan: newProblem("store-unavailable", http.StatusServiceUnavailable,
+		"Idempotency store unavailable",
+		"The request ran, but the server could not record its answer, so its work was rolled back and the key released. Retry with the same key after Retry-After seconds: it runs again, or, if the store did record the answer before it failed, the answer is replayed."),
+	requestCancelled: problemRequestCancelled,
+	requestCancelledRan: newProblem("request-cancelled", http.StatusInternalServerError,
+		"Request cancelled",
+		"The request was cancelled (the client went away, a deadline passed, or the server is stopping) while it ran; its work was rolled back and the key released. Retrying with the same key runs it again."),
+	leaseLost: newProblem("lease-lost", http.StatusConflict,
+		"Request with this Idempotency-Key taken over",
+		"This execution ran past its lease and a retry took the key over; its work was rolled back and its answer discarded. Retry with the same key to get the answer of the execution that took over."),
+	handlerPanic: newProblem("handler-panic", http.StatusInternalServerError,
+		"Internal error",
+		"The request failed on the server; its work was rolled back and the key released. Retrying with the same key runs it again."),
+	responseTooLarge: newProblem("response-too-large", http.StatusInternalServerError,
+		"Response too large to store",
+		"The answer was larger than the server can store for replays, so the work was rolled back and the key released rather than leaving the operation unprotected. Retrying will fail the same way; report it to the API's operators."),
+}
+
+// problemsNotTransactional are the texts for a store that keeps only the
+// records (Redis, memory): nothing the handler did can be undone, so once
+// it ran its key is not released for a retry to run it again, except
+// after its lease ends.
+var problemsNotTransactional = problems{
+	storeUnavailable: problemStoreUnavailable,
+	storeUnavailableRan: newProblem("store-unavailable", http.StatusServiceUnavailable,
+		"Idempotency store unavailable",
+		"The request ran, but the server could not record its answer. This store cannot roll work back: what the request did stands, and the key stays reserved until its lease ends (a retry meanwhile is answered 409 in-flight); a retry after that runs the request again."),
+	requestCancelled: problemRequestCancelled,
+	requestCancelledRan: newProblem("request-cancelled", http.StatusInternalServerError,
+		"Request cancelled",
+		"The request was cancelled (the client went away, a deadline passed, or the server is stopping) while it ran. This store cannot roll work back: what the request did stands, and its answer was kept for the retry. Retry with the same key to get it (409 in-flight while the server still holds the key)."),
+	leaseLost: newProblem("lease-lost", http.StatusConflict,
+		"Request with this Idempotency-Key taken over",
+		"This execution ran past its lease and a retry took the key over; its answer was discarded, but what it did stands, since this store cannot roll work back. Retry with the same key to get the answer of the execution that took over."),
+	handlerPanic: newProblem("handler-panic", http.StatusInternalServerError,
+		"Internal error",
+		"The request failed on the server while it ran. This store cannot roll work back: what it did before failing stands, so the key stays reserved until its lease ends (a retry meanwhile is answered 409 in-flight); a retry after that runs it again."),
+	responseTooLarge: newProblem("response-too-large", http.StatusInternalServerError,
+		"Response too large to store",
+		"The answer was larger than the server can store for replays, so it was discarded and the key released rather than leaving the operation unprotected. This store cannot roll work back: what the request did stands, and a retry runs it again, failing the same way; report it to the API's operators."),
+}
+
+// errorBodyNotStored is the body stored in place of an error answer's body
+// larger than Config.MaxStoredErrorBody: a replay says what happened, with
+// the original status, rather than send a truncated body as if it were
+// the original.
+func errorBodyNotStored(status, size int) []byte {
+	body, err := json.Marshal(struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+	}{ProblemTypeBase + slugErrorBodyNotStored, "Error answer not stored whole", status,
+		fmt.Sprintf("This is a replay. The first answer to this request had status %d and a body of %d bytes, more than the server stores for an error answer; this body stands in for it. The operation did not run again.", status, size)})
+	if err != nil {
+		panic(err) // plain values: cannot happen
+	}
+	return append(body, '\n')
+}
 
 // writeProblem sends p with the Content-Type it needs. Headers the
 // handler may have set never reach w: they stay in the recorder.

@@ -20,15 +20,30 @@ func TestProblemsDocumented(t *testing.T) {
 	all := []*problem{
 		problemKeyRequired, problemInvalidKey, problemUnauthenticated,
 		problemRequestTooLarge, problemRequestUnreadable, problemFingerprintMismatch,
-		problemInFlight, problemLeaseLost, problemStoreUnavailable, problemHandlerPanic,
-		problemRequestCancelled, problemResponseTooLarge, problemInternal, problemReplayFailed,
+		problemInFlight, problemInternal, problemReplayFailed,
 	}
-	seen := map[string]bool{}
+	// The texts that depend on the store: one slug each, in every variant.
+	for _, set := range []problems{problemsTransactional, problemsNotTransactional} {
+		all = append(all, set.storeUnavailable, set.storeUnavailableRan, set.requestCancelled,
+			set.requestCancelledRan, set.leaseLost, set.handlerPanic, set.responseTooLarge)
+	}
+	seen := map[string]int{}   // slug → status
+	texts := map[string]bool{} // slug and detail
 	for _, p := range all {
-		if seen[p.slug] {
-			t.Errorf("slug %q used twice", p.slug)
+		if p == nil {
+			t.Fatal("a problem variant is missing")
 		}
-		seen[p.slug] = true
+		if texts[p.slug+p.detail] {
+			continue // shared by both variants
+		}
+		texts[p.slug+p.detail] = true
+		if status, ok := seen[p.slug]; ok {
+			if status != p.status {
+				t.Errorf("slug %q answered with %d and %d", p.slug, status, p.status)
+			}
+			continue
+		}
+		seen[p.slug] = p.status
 		_, section, ok := strings.Cut(text, "\n## "+p.slug+"\n")
 		if !ok {
 			t.Errorf("docs/PROBLEMS.md has no section %q", p.slug)
@@ -48,7 +63,22 @@ func TestProblemsDocumented(t *testing.T) {
 			t.Errorf("body of %q: %s (%v)", p.slug, p.body, err)
 		}
 	}
-	if n := strings.Count(text, "\n## "); n != len(all) {
-		t.Errorf("docs/PROBLEMS.md has %d sections for %d problems", n, len(all))
+	// The body stored in place of an error body too large keeps the
+	// original status.
+	if _, section, ok := strings.Cut(text, "\n## "+slugErrorBodyNotStored+"\n"); !ok || !strings.HasPrefix(strings.TrimSpace(section), "**The original status") {
+		t.Errorf("docs/PROBLEMS.md has no section %q starting with the original status", slugErrorBodyNotStored)
+	}
+	if !strings.Contains(text, fmt.Sprintf("| [%s](#%s) | the original's |", slugErrorBodyNotStored, slugErrorBodyNotStored)) {
+		t.Errorf("the table of docs/PROBLEMS.md lacks %q", slugErrorBodyNotStored)
+	}
+	var body struct {
+		Type   string
+		Status int
+	}
+	if err := json.Unmarshal(errorBodyNotStored(409, 10000), &body); err != nil || body.Type != ProblemTypeBase+slugErrorBodyNotStored || body.Status != 409 {
+		t.Errorf("body of %q: %+v (%v)", slugErrorBodyNotStored, body, err)
+	}
+	if n := strings.Count(text, "\n## "); n != len(seen)+1 {
+		t.Errorf("docs/PROBLEMS.md has %d sections for %d problems", n, len(seen)+1)
 	}
 }

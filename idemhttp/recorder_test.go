@@ -71,7 +71,7 @@ func TestReadFromTooLarge(t *testing.T) {
 	if !errors.Is(copyErr, idemhttp.ErrResponseTooLarge) {
 		t.Fatalf("io.Copy returned %v, want ErrResponseTooLarge", copyErr)
 	}
-	e.wantAbsent(t, "", "k1")
+	e.wantAbsent(t, testTenant, "k1")
 }
 
 // TestOverRealServer checks what needs a real connection: Hijack refused,
@@ -104,6 +104,7 @@ func TestOverRealServer(t *testing.T) {
 	})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("x"))
 	req.Header.Set(idemhttp.HeaderKey, "k1")
+	as(testTenant, req)
 	client := srv.Client()
 	client.Timeout = 10 * time.Second
 	resp, err := client.Do(req)

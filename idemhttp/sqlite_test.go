@@ -51,6 +51,9 @@ func (e *sqliteEnv) handler(t *testing.T, cfg idemhttp.Config, next http.Handler
 	t.Helper()
 	cfg.Engine = e.engine
 	cfg.Logger = quietLogger
+	if cfg.TenantFunc == nil && !cfg.SharedKeySpace {
+		cfg.TenantFunc = tenantOf
+	}
 	m, err := idemhttp.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +175,7 @@ func TestSQLiteFailuresRollBack(t *testing.T) {
 			if e.orders(t) != 0 {
 				t.Fatalf("%d orders after the failure, want 0", e.orders(t))
 			}
-			if _, err := e.store.Get(t.Context(), "", "k1"); err == nil {
+			if _, err := e.store.Get(t.Context(), testTenant, "k1"); err == nil {
 				t.Fatal("the key is still held after the failure")
 			}
 			if w := serve(h, request(http.MethodPost, "/orders", "k1", "tea")); w.Code != http.StatusCreated || e.orders(t) != 1 {

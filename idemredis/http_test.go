@@ -39,7 +39,7 @@ func TestHTTPSameKeyAtTheSameInstant(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mw, err := idemhttp.New(idemhttp.Config{Engine: engine})
+		mw, err := idemhttp.New(idemhttp.Config{Engine: engine, SharedKeySpace: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +117,7 @@ func TestHTTPUnreachableFailsClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := idemhttp.New(idemhttp.Config{Engine: engine, Logger: (&logBuffer{}).logger()})
+	mw, err := idemhttp.New(idemhttp.Config{Engine: engine, SharedKeySpace: true, Logger: (&logBuffer{}).logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -310,7 +310,7 @@ func idemRoute(pool *pgxpool.Pool, config *idempg.Config) (http.Handler, error) 
 	if err != nil {
 		return nil, err
 	}
-	mw, err := idemhttp.New(idemhttp.Config{Engine: engine})
+	mw, err := idemhttp.New(idemhttp.Config{Engine: engine, SharedKeySpace: true})
 	if err != nil {
 		return nil, err
 	}
