@@ -187,7 +187,7 @@ var errReleased5xx = errors.New("idemhttp: 5xx answer, key released")
 
 // do runs the handler on a request that carries ctx: the engine's context,
 // through which the handler reaches the store's transaction
-// (idemsql.Tx(ctx), idempg.Tx(ctx)) and sees a lost lease.
+// (idemsql.TxFromContext(ctx), idempg.Tx(ctx)) and sees a lost lease.
 func (e *execution) do(ctx context.Context) (idem.Result, error) {
 	rec := newRecorder(e.w, e.m.config.MaxResponseBody)
 	e.rec = rec

@@ -281,7 +281,7 @@ func TestEngine(t *testing.T) {
 			engines[i] = e
 		}
 		op := idem.Operation{Tenant: newName("tenant"), Key: "order-1", Fingerprint: []byte("POST /orders")}
-		if tx := idemsql.Tx(ctx); tx != nil {
+		if tx := idemsql.TxFromContext(ctx); tx != nil {
 			t.Fatalf("idemsql.Tx outside an execution = %v, want nil", tx)
 		}
 
