@@ -157,10 +157,18 @@ func TestHandlerRollback(t *testing.T) {
 				if err := tx.QueryRowContext(ctx, `SELECT 1`).Scan(&one); !errors.Is(err, idemsql.ErrTxRolledBack) {
 					t.Errorf("QueryRowContext after Rollback = %v, want ErrTxRolledBack", err)
 				}
-				if _, err := tx.QueryContext(ctx, `SELECT 1`); !errors.Is(err, idemsql.ErrTxRolledBack) {
+				rows, err := tx.QueryContext(ctx, `SELECT 1`)
+				if err == nil {
+					rows.Close()
+				}
+				if !errors.Is(err, idemsql.ErrTxRolledBack) {
 					t.Errorf("QueryContext after Rollback = %v, want ErrTxRolledBack", err)
 				}
-				if _, err := tx.PrepareContext(ctx, `SELECT 1`); !errors.Is(err, idemsql.ErrTxRolledBack) {
+				stmt, err := tx.PrepareContext(ctx, `SELECT 1`)
+				if err == nil {
+					stmt.Close()
+				}
+				if !errors.Is(err, idemsql.ErrTxRolledBack) {
 					t.Errorf("PrepareContext after Rollback = %v, want ErrTxRolledBack", err)
 				}
 				if err := tx.Rollback(); err != nil {
