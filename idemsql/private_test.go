@@ -31,8 +31,8 @@ var privateMariaDB struct {
 	cmd    *exec.Cmd
 	exited chan struct{} // closed once cmd has exited
 	dir    string
-	dsn  string
-	err  error
+	dsn    string
+	err    error
 }
 
 func stopPrivate() {

@@ -139,7 +139,8 @@ func (c *logConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx
 	if b, ok := c.Conn.(driver.ConnBeginTx); ok {
 		return b.BeginTx(ctx, opts)
 	}
-	return c.Conn.Begin() //nolint:staticcheck // the fallback database/sql itself uses
+	//lint:ignore SA1019 the fallback database/sql itself uses
+	return c.Conn.Begin()
 }
 
 func (c *logConn) CheckNamedValue(v *driver.NamedValue) error {
