@@ -87,23 +87,58 @@ func (l *logRecords) all() []string {
 // watchedStore reports the engine's calls of Extend and Claim.
 type watchedStore struct {
 	*idemsql.Store
-	extends chan error   // the result of each Extend
-	inClaim atomic.Int32 // claims started
+	extends chan extendCall // one per Extend, once it returned
+	inClaim atomic.Int32    // claims started
+}
+
+type extendCall struct {
+	started time.Time
+	err     error
 }
 
 func watch(st *idemsql.Store) *watchedStore {
-	return &watchedStore{Store: st, extends: make(chan error, 1000)}
+	return &watchedStore{Store: st, extends: make(chan extendCall, 1000)}
 }
 
 func (w *watchedStore) Extend(ctx context.Context, p idem.ExtendParams) error {
+	started := time.Now()
 	err := w.Store.Extend(ctx, p)
-	w.extends <- err
+	w.extends <- extendCall{started, err}
 	return err
 }
 
 func (w *watchedStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	w.inClaim.Add(1)
 	return w.Store.Claim(ctx, p)
+}
+
+// holdPastLease waits, in a handler whose transaction holds the write lock
+// since locked, until an extension started since then has returned and
+// the lease has run out on the database's clock: the heartbeat beat while
+// the lock was held, and wrote nothing.
+func holdPastLease(t *testing.T, env *testDB, st *watchedStore, op idem.Operation, locked time.Time) {
+	t.Helper()
+	held := lockedUntil(t, env, op.Tenant, op.Key)
+	beat := false
+	for !beat || !leaseEnded(t, env, op.Tenant, op.Key) {
+		call := <-st.extends
+		if call.err != nil {
+			t.Errorf("Extend while the handler holds the lock: %v", call.err)
+		}
+		beat = beat || call.started.After(locked)
+	}
+	if now := lockedUntil(t, env, op.Tenant, op.Key); !now.Equal(held) {
+		t.Fatalf("the lease moved from %v to %v while the handler held the lock", held, now)
+	}
+}
+
+func lockedUntil(t *testing.T, env *testDB, tenant, key string) time.Time {
+	t.Helper()
+	var micros int64
+	if err := env.peerDB.QueryRow(`SELECT locked_until FROM idem_keys WHERE tenant_id = ? AND idem_key = ?`, tenant, key).Scan(&micros); err != nil {
+		t.Fatal(err)
+	}
+	return time.UnixMicro(micros)
 }
 
 // leaseEnded reports whether the lease on (tenant, key) has ended on the
@@ -136,13 +171,7 @@ func TestSQLiteHeartbeatHoldingTheLock(t *testing.T) {
 		if err := env.businessWrite(ctx, business); err != nil {
 			return idem.Result{}, err
 		}
-		// Beats until the lease has run out on the database's clock
-		// while this transaction holds the lock.
-		for beats := 0; beats < 2 || !leaseEnded(t, env, op.Tenant, op.Key); beats++ {
-			if err := <-st.extends; err != nil {
-				t.Errorf("Extend while the handler holds the lock: %v", err)
-			}
-		}
+		holdPastLease(t, env, st, op, time.Now())
 		return idem.Result{Status: 201}, nil
 	})
 	if err != nil || out.Result.Status != 201 {
@@ -156,30 +185,39 @@ func TestSQLiteHeartbeatHoldingTheLock(t *testing.T) {
 
 // TestSQLiteRollbackExtendsLease: when the transaction that held the lock
 // past the lease is rolled back (Tx.Rollback) and the handler goes on,
-// the lease is extended in the same step: a retry claiming right after,
-// from another process, finds the key in flight and does not take it
-// over.
+// the lease is extended in the same step: a retry from another process,
+// whose claim waits for the lock meanwhile, finds the key in flight and
+// does not take it over.
 func TestSQLiteRollbackExtendsLease(t *testing.T) {
 	env := newTestDB(t, idemsql.SQLite)
 	ctx := context.Background()
-	st := watch(env.store)
+	st, peer := watch(env.store), watch(env.peer)
 	engine := newEngine(t, st, &idem.Config{Lease: 300 * time.Millisecond})
 	op := idem.Operation{Tenant: newName("tenant"), Key: "pay-1", Fingerprint: []byte("fp")}
 	out, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
 		if err := env.businessWrite(ctx, newName("order")); err != nil {
 			return idem.Result{}, err
 		}
-		for beats := 0; beats < 2 || !leaseEnded(t, env, op.Tenant, op.Key); beats++ {
-			<-st.extends
+		holdPastLease(t, env, st, op, time.Now())
+		type claimed struct {
+			res idem.ClaimResult
+			err error
+		}
+		retry := make(chan claimed, 1)
+		go func() {
+			res, err := peer.Claim(ctx, claimParams(op.Tenant, op.Key, "fp"))
+			retry <- claimed{res, err}
+		}()
+		for peer.inClaim.Load() == 0 {
+			time.Sleep(time.Millisecond)
 		}
 		if err := idemsql.TxFromContext(ctx).Rollback(); err != nil {
 			return idem.Result{}, err
 		}
-		retry := claimParams(op.Tenant, op.Key, "fp")
-		res, err := env.peer.Claim(ctx, retry)
+		r := <-retry
 		x, _ := idem.ExecutionFromContext(ctx)
-		if err != nil || res.Won || res.Record.LeaseToken != x.LeaseToken {
-			t.Errorf("a retry's claim right after the rollback: %+v, %v; want it lost to the running execution", res, err)
+		if r.err != nil || r.res.Won || r.res.Record.LeaseToken != x.LeaseToken {
+			t.Errorf("a retry's claim at the rollback: %+v, %v; want it lost to the running execution", r.res, r.err)
 		}
 		return idem.Result{Status: 402}, nil
 	})

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,14 +29,11 @@ type Store struct {
 	d  *dialect
 
 	// SQLite only: writes lets one writer of this Store at a time at the
-	// database; busyLimit is how long a writer waits there (the busy
-	// timeout of the database's connections, read once; 0 until read);
-	// owners are the units of work whose transaction holds the write lock
-	// now, by the lease they run under.
+	// database; busyLimit is how long a writer waits there while the lock
+	// does not change hands (the busy timeout of the database's
+	// connections, read once; 0 until read).
 	writes    *gate
 	busyLimit atomic.Int64
-	ownersMu  sync.Mutex
-	owners    map[lease]*unit
 
 	// MySQL only: whether InnoDB rolls the whole transaction back on a
 	// lock wait timeout (innodb_rollback_on_timeout), read once: 0
@@ -74,8 +70,7 @@ func New(db *sql.DB, dialect Dialect) *Store {
 	}
 	s := &Store{db: db, d: dialect.d}
 	if s.d.kind == kindSQLite {
-		s.writes = &gate{}
-		s.owners = map[lease]*unit{}
+		s.writes = newGate()
 	}
 	return s
 }
@@ -135,7 +130,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 func (s *Store) claimOnce(ctx context.Context, args []any) (bool, error) {
 	// The write lock and the connection first, so that failing to get
 	// them is told apart from a statement cancelled once sent.
-	if err := s.lockWrites(ctx, false); err != nil {
+	if err := s.lockWrites(ctx); err != nil {
 		return false, idem.NotApplied(err)
 	}
 	defer s.unlockWrites()
@@ -179,18 +174,21 @@ func (s *Store) Begin(ctx context.Context) (idem.UnitOfWork, error) {
 // ends without completing (see unit.finish). Writing would only wait for
 // the lock the execution itself holds.
 func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
-	if s.owe(p) {
-		return nil
-	}
 	var res sql.Result
+	skipped := false
 	err := s.retry(ctx, func() (err error) {
-		if err := s.lockWrites(ctx, true); err != nil {
-			return err
+		if s.writes != nil {
+			if skipped, err = s.writes.acquireExtend(ctx, s.writeLimit(ctx), p); err != nil || skipped {
+				return err
+			}
+			defer s.unlockWrites()
 		}
-		defer s.unlockWrites()
 		res, err = s.extendOn(ctx, s.db, p)
 		return err
 	})
+	if skipped {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("idemsql: extend: %w", err)
 	}
@@ -248,7 +246,7 @@ type execer interface {
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 	args := s.d.release.args(map[string]any{"tenant": p.Tenant, "key": p.Key, "token": p.Token})
 	err := s.retry(ctx, func() error {
-		if err := s.lockWrites(ctx, false); err != nil {
+		if err := s.lockWrites(ctx); err != nil {
 			return err
 		}
 		defer s.unlockWrites()
@@ -284,7 +282,7 @@ func (s *Store) Purge(ctx context.Context, p idem.PurgeParams) (int, error) {
 	}
 	var n int
 	err := s.retry(ctx, func() (err error) {
-		if err := s.lockWrites(ctx, false); err != nil {
+		if err := s.lockWrites(ctx); err != nil {
 			return fmt.Errorf("idemsql: purge: %w", err)
 		}
 		defer s.unlockWrites()
@@ -391,12 +389,12 @@ func (s *Store) retry(ctx context.Context, fn func() error) error {
 }
 
 // lockWrites waits for this Store's turn to write, on SQLite; elsewhere
-// it does nothing. urgent goes first (lease extensions).
-func (s *Store) lockWrites(ctx context.Context, urgent bool) error {
+// it does nothing.
+func (s *Store) lockWrites(ctx context.Context) error {
 	if s.writes == nil {
 		return nil
 	}
-	return s.writes.acquire(ctx, urgent, s.writeLimit(ctx))
+	return s.writes.acquire(ctx, s.writeLimit(ctx))
 }
 
 // unlockWrites ends the turn lockWrites gave.
@@ -410,11 +408,13 @@ func (s *Store) unlockWrites() {
 // database's busy timeout cannot be read.
 const defaultBusyLimit = 10 * time.Second
 
-// writeLimit is how long a writer waits for its turn: as long as SQLite
-// would let it wait for the lock itself (the connections' busy timeout),
-// so that a writer that can never get it (a handler that claims another
-// key of the same Store inside its own transaction) fails as it would
-// without the queue, rather than waiting for ever.
+// writeLimit is how long a writer waits for its turn while the lock does
+// not change hands: as long as SQLite would let it wait for the lock
+// itself (the connections' busy timeout). A queue that moves is waited
+// out, as database/sql's pool queue would be; a writer that can never get
+// the lock (a handler that claims another key of the same Store inside
+// its own transaction) fails as it would without the queue, rather than
+// waiting for ever.
 func (s *Store) writeLimit(ctx context.Context) time.Duration {
 	if ms := s.busyLimit.Load(); ms != 0 {
 		return time.Duration(ms) * time.Millisecond
@@ -430,18 +430,6 @@ func (s *Store) writeLimit(ctx context.Context) time.Duration {
 	}
 	s.busyLimit.Store(ms)
 	return time.Duration(ms) * time.Millisecond
-}
-
-// owe reports whether the unit of work holding p's lease holds the write
-// lock, and if so records that it owes p's extension.
-func (s *Store) owe(p idem.ExtendParams) bool {
-	if s.owners == nil {
-		return false
-	}
-	s.ownersMu.Lock()
-	u := s.owners[lease{p.Tenant, p.Key, p.Token}]
-	s.ownersMu.Unlock()
-	return u != nil && u.owe(p)
 }
 
 // nullBytes stores an empty fingerprint or body as NULL, which reads back

@@ -73,14 +73,11 @@ type unit struct {
 	// (Postgres).
 	mark string
 
-	// SQLite: lockMu guards locked and owed. locked is true while the
-	// transaction holds the write lock, from BEGIN IMMEDIATE to its end;
-	// owed holds the last extension Store.Extend skipped meanwhile.
-	// lease is the execution the unit runs (learnt from the context of
-	// its first statement), under which it is in Store.owners.
-	lockMu  sync.Mutex
+	// SQLite: locked is true while the unit holds the Store's gate, and
+	// its transaction the write lock; lease is the execution the unit runs
+	// (learnt from the context of its first statement), which the gate
+	// knows as an owner when isOwner (see gate.own).
 	locked  bool
-	owed    *idem.ExtendParams
 	lease   lease
 	isOwner bool
 }
@@ -123,7 +120,7 @@ func (u *unit) use(ctx context.Context) (*sql.Conn, error) {
 // u.mu held.
 func (u *unit) begin(ctx context.Context) error {
 	s := u.s
-	if err := s.lockWrites(ctx, false); err != nil {
+	if err := s.lockWrites(ctx); err != nil {
 		return fmt.Errorf("idemsql: begin: %w", err)
 	}
 	conn, err := s.db.Conn(ctx)
@@ -176,30 +173,14 @@ func (u *unit) begin(ctx context.Context) error {
 	u.conn = conn
 	u.state = unitOpen
 	if s.d.kind == kindSQLite {
-		u.lockMu.Lock()
 		u.locked = true
-		u.lockMu.Unlock()
 		if x, ok := idem.ExecutionFromContext(ctx); ok {
 			u.lease = lease{x.Tenant, x.Key, x.LeaseToken}
 			u.isOwner = true
-			s.ownersMu.Lock()
-			s.owners[u.lease] = u
-			s.ownersMu.Unlock()
+			s.writes.own(u.lease)
 		}
 	}
 	return nil
-}
-
-// owe records that Store.Extend skipped p while the transaction holds the
-// write lock, and reports whether it does.
-func (u *unit) owe(p idem.ExtendParams) bool {
-	u.lockMu.Lock()
-	defer u.lockMu.Unlock()
-	if !u.locked {
-		return false
-	}
-	u.owed = &p
-	return true
 }
 
 // failed looks at the error of one of the handler's statements and tells
@@ -399,8 +380,7 @@ func (u *unit) commit(ctx context.Context) error {
 		// commit fails, so does the SET, and autocommit stays off.
 		stmt = "SET autocommit = 1"
 	}
-	u.lockMu.Lock()
-	defer u.lockMu.Unlock()
+	u.disown()
 	run := func() error {
 		_, err := u.conn.ExecContext(ctx, stmt)
 		return err
@@ -435,8 +415,7 @@ func (u *unit) finish(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	conn := u.conn
-	u.lockMu.Lock()
-	defer u.lockMu.Unlock()
+	owed := u.disown()
 	ok := true
 	exec := func(q string) {
 		if ok {
@@ -445,10 +424,10 @@ func (u *unit) finish(ctx context.Context) {
 		}
 	}
 	switch {
-	case u.s.d.kind == kindSQLite && u.owed != nil:
+	case owed != nil:
 		exec("ROLLBACK TO SAVEPOINT " + savepoint)
 		if ok {
-			_, err := u.s.extendOn(ctx, conn, *u.owed)
+			_, err := u.s.extendOn(ctx, conn, *owed)
 			ok = err == nil
 			exec("COMMIT")
 		} else {
@@ -458,9 +437,8 @@ func (u *unit) finish(ctx context.Context) {
 			ok = true
 			exec("ROLLBACK")
 			ok = true
-			_, _ = u.s.extendOn(ctx, conn, *u.owed)
+			_, _ = u.s.extendOn(ctx, conn, *owed)
 		}
-		u.owed = nil
 	case u.s.d.kind == kindMySQL:
 		exec("ROLLBACK")
 		exec("SET autocommit = 1")
@@ -481,20 +459,24 @@ func (u *unit) finish(ctx context.Context) {
 	u.release()
 }
 
-// release gives up the write lock's turn and the Store's owner entry
-// (SQLite). It runs with u.lockMu held.
+// disown tells the gate, before the transaction gives up the write lock,
+// that the lease's extensions must wait for the gate again, and returns
+// the one skipped meanwhile, if any (SQLite).
+func (u *unit) disown() *idem.ExtendParams {
+	if !u.isOwner {
+		return nil
+	}
+	u.isOwner = false
+	return u.s.writes.disown(u.lease)
+}
+
+// release gives up the Store's gate (SQLite), once the transaction has
+// ended.
 func (u *unit) release() {
-	if u.s.d.kind != kindSQLite || !u.locked {
+	if !u.locked {
 		return
 	}
 	u.locked = false
-	u.owed = nil
-	if u.isOwner {
-		u.s.ownersMu.Lock()
-		delete(u.s.owners, u.lease)
-		u.s.ownersMu.Unlock()
-		u.isOwner = false
-	}
 	u.s.unlockWrites()
 }
 
@@ -577,7 +559,7 @@ func (s *Store) completeAlone(ctx context.Context, p idem.CompleteParams) error 
 	}
 	var res sql.Result
 	err = s.retry(ctx, func() (err error) {
-		if err := s.lockWrites(ctx, false); err != nil {
+		if err := s.lockWrites(ctx); err != nil {
 			return err
 		}
 		defer s.unlockWrites()
