@@ -165,7 +165,11 @@ func TestGateOwners(t *testing.T) {
 	g.queued(1, 0)
 	later := p
 	later.Lease = 2 * time.Second
-	if skipped, err := g.acquireExtend(ctx, 0, later); !skipped || err != nil {
+	// A failure deadline: a gate that made the extension wait would hold
+	// it for ever.
+	bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if skipped, err := g.acquireExtend(bounded, 0, later); !skipped || err != nil {
 		t.Fatalf("an extension while its unit holds the lock: skipped %v, %v", skipped, err)
 	}
 	if owed := g.disown(l); owed == nil || owed.Lease != later.Lease {
