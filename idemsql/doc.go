@@ -83,8 +83,9 @@
 // lock until the completion commits. Meanwhile every other write waits:
 // claims, extensions and completions of other keys, and those of other
 // processes on the file. Within a process, the Store queues its writers
-// in order, lease extensions first, each for as long as the busy timeout;
-// between processes, SQLite's busy timeout does. Keep the time between a
+// in order, lease extensions first; a writer gives up when one holder has
+// kept the lock for longer than the busy timeout. Between processes,
+// SQLite's busy timeout decides. Keep the time between a
 // handler's first statement and its return short; for many concurrent
 // writers, use PostgreSQL or MySQL. Make every statement of a handler
 // through its Tx: one on the *sql.DB would wait for the lock the handler
