@@ -25,8 +25,8 @@ import (
 const (
 	// BusyTimeout is how long a statement waits for SQLite's write lock
 	// before failing with SQLITE_BUSY ("database is locked"), in
-	// milliseconds. idemsql's Store waits as long for its turn among its
-	// own writers.
+	// milliseconds. idemsql's Store, which queues its own writers, gives up
+	// on a turn that long without the lock changing hands.
 	BusyTimeout = 10000
 	// MaxOpenConns is the pool size of Open.
 	MaxOpenConns = 4
