@@ -18,6 +18,8 @@ import (
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemmysql"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 )
 
 // conn is an open --db: the handle of its dialect. Exactly one of db and
@@ -51,7 +53,7 @@ func openDB(ctx context.Context, db string, o openOptions) (*conn, error) {
 				return nil, fmt.Errorf("SQLite file %s does not exist", target.path)
 			}
 		}
-		db, err := idemsql.OpenSQLite(target.path)
+		db, err := idemsqlite.Open(target.path)
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", target.describe(), err)
 		}
@@ -114,7 +116,7 @@ func (c *conn) migrationDialect() idemmigrate.Dialect {
 // sqlDialect is the idemsql dialect of a database/sql target.
 func (c *conn) sqlDialect() idemsql.Dialect {
 	if c.target.dialect == dialectMySQL {
-		return idemsql.MySQL
+		return idemmysql.Dialect
 	}
 	return idemsql.SQLite
 }

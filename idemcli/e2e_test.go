@@ -21,6 +21,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -180,7 +181,7 @@ func TestServeSeedTest(t *testing.T) {
 	p.stop()
 
 	// Count in the file itself, after the server is gone.
-	db, err := idemsql.OpenSQLite(path)
+	db, err := idemsqlite.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +252,7 @@ func TestServeTwoProcesses(t *testing.T) {
 func TestServeShutdownFinishesRequests(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
 	p := startServe(t, "idem serve", "--db", "sqlite:"+path, "--handler-delay", "2s")
-	db, err := idemsql.OpenSQLite(path)
+	db, err := idemsqlite.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +321,7 @@ func TestServePurgesInBackground(t *testing.T) {
 	if a := do(t, req{method: "POST", url: p.url + "/orders", body: goodOrder, key: "short-lived"}); a.status != http.StatusCreated {
 		t.Fatalf("POST: %s", a)
 	}
-	db, err := idemsql.OpenSQLite(path)
+	db, err := idemsqlite.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -114,12 +114,7 @@ func (r *sqlOrders) timeArg(t time.Time) any {
 func (r *sqlOrders) insert(ctx context.Context, tenant string, o order) error {
 	const q = `INSERT INTO ` + ordersTable + ` (id, tenant_id, cart_id, total_cents, created_at) VALUES (?, ?, ?, ?, ?)`
 	args := []any{o.ID, tenant, o.CartID, o.TotalCents, r.timeArg(o.CreatedAt)}
-	var err error
-	if tx := idemsql.Tx(ctx); tx != nil {
-		_, err = tx.ExecContext(ctx, q, args...)
-	} else {
-		_, err = r.db.ExecContext(ctx, q, args...)
-	}
+	_, err := idemsql.DB(ctx, r.db).ExecContext(ctx, q, args...)
 	return err
 }
 

@@ -94,7 +94,7 @@
 // # Transactions
 //
 // The handler runs under the context the engine gives it: r.Context()
-// carries the store's transaction (idemsql.Tx(r.Context()),
+// carries the store's transaction (idemsql.TxFromContext(r.Context()),
 // idempg.TxFromContext(r.Context())). Business writes made through it commit
 // together with the stored answer, or not at all. The same context ends
 // when the heartbeat finds the lease lost, so a handler that checks it

@@ -320,7 +320,7 @@ var errShortBody = errors.New("idemhttp: the handler wrote less than the Content
 
 // do runs the handler on a request that carries ctx: the engine's context,
 // through which the handler reaches the store's transaction
-// (idemsql.Tx(ctx), idempg.TxFromContext(ctx)) and sees a lost lease.
+// (idemsql.TxFromContext(ctx), idempg.TxFromContext(ctx)) and sees a lost lease.
 func (x *exchange) do(ctx context.Context) (idem.Result, error) {
 	m := x.m
 	rec := &x.rec

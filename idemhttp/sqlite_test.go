@@ -16,6 +16,7 @@ import (
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 )
 
 // sqliteEnv is the middleware over idemsql on a SQLite file, with an
@@ -28,7 +29,7 @@ type sqliteEnv struct {
 
 func newSQLiteEnv(t *testing.T) *sqliteEnv {
 	t.Helper()
-	db, err := idemsql.OpenSQLite(filepath.Join(t.TempDir(), "idem.db"))
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "idem.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +74,7 @@ func (e *sqliteEnv) orders(t *testing.T) int {
 // insertOrder writes an order in the request's transaction, as a real
 // handler does, and fails the test when the request carries none.
 func insertOrder(t *testing.T, r *http.Request) int64 {
-	tx := idemsql.Tx(r.Context())
+	tx := idemsql.TxFromContext(r.Context())
 	if tx == nil {
 		t.Error("the handler's request carries no idemsql transaction")
 		panic(http.ErrAbortHandler)

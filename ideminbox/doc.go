@@ -14,7 +14,7 @@
 //
 //  1. claims the key in one atomic store operation;
 //  2. runs the handler with a context carrying the store's transaction
-//     (idemsql.Tx(ctx), idempg.TxFromContext(ctx)), where it makes its writes;
+//     (idemsql.TxFromContext(ctx), idempg.TxFromContext(ctx)), where it makes its writes;
 //  3. commits the dedup record in that same transaction;
 //  4. returns a Decision, and only then does the adapter acknowledge.
 //

@@ -23,7 +23,7 @@ func Example() {
 	}
 	orders := 0
 	handle := func(ctx context.Context) error {
-		orders++ // with SQL: idemsql.Tx(ctx).ExecContext(ctx, "INSERT INTO orders …")
+		orders++ // with SQL: idemsql.TxFromContext(ctx).ExecContext(ctx, "INSERT INTO orders …")
 		return nil
 	}
 	for attempt := 1; attempt <= 2; attempt++ {

@@ -40,14 +40,14 @@ var ErrNoMessageID = errors.New("ideminbox: the message has no id")
 var ErrUnanswered = errors.New("ideminbox: delivered more than MaxAttempts times, and the consumer that last ran it stopped before answering (the message may crash its consumer)")
 
 // HandlerFunc does the work of one message. ctx carries the store's
-// transaction (idemsql.Tx(ctx), idempg.TxFromContext(ctx)): writes made through it
+// transaction (idemsql.TxFromContext(ctx), idempg.TxFromContext(ctx)): writes made through it
 // commit together with the dedup record, or not at all. Returning an error
 // rolls them back and releases the key, so the redelivery runs again.
 type HandlerFunc func(ctx context.Context) error
 
 // DeadLetterFunc receives a poison message and the error of its last
 // attempt. It runs inside the transaction that records the message as
-// poison: a dead-letter row written through ctx (idemsql.Tx(ctx), …)
+// poison: a dead-letter row written through ctx (idemsql.TxFromContext(ctx), …)
 // commits with that record, exactly once. Something sent elsewhere (a
 // publish to a dead-letter queue) is at least once: if the commit fails
 // after it, the message comes back and is dead-lettered again. An error

@@ -16,6 +16,7 @@ import (
 	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 )
 
 func newInbox(t *testing.T, store idem.Store, mod func(*ideminbox.Config)) *ideminbox.Inbox {
@@ -166,7 +167,7 @@ func TestPoison(t *testing.T) {
 // copies are acked as duplicates. The error is stored with its newline
 // escaped: a stored header may not hold a control character.
 func TestPoisonMultilineError(t *testing.T) {
-	db, err := idemsql.OpenSQLite(filepath.Join(t.TempDir(), "inbox.db"))
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

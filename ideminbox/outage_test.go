@@ -14,7 +14,7 @@ import (
 	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/ideminbox/internal/inboxtest"
 	"github.com/idem-go/idem/idemmigrate"
-	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemmysql"
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -306,7 +306,7 @@ func TestPoisonLargerThanMaxAllowedPacket(t *testing.T) {
 	if packet > 256<<20 {
 		t.Skipf("max_allowed_packet is %d bytes: too large to exceed here", packet)
 	}
-	store := migrated(t, db, idemmigrate.MySQL, idemsql.MySQL)
+	store := migrated(t, db, idemmigrate.MySQL, idemmysql.Dialect)
 	var hooked int
 	in := newInbox(t, store, func(c *ideminbox.Config) {
 		c.MaxAttempts = 1

@@ -24,6 +24,8 @@ import (
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemmysql"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -99,7 +101,7 @@ func TestTenantStoredAsWritten(t *testing.T) {
 	}{
 		{"memory", func(t *testing.T) idem.Store { return idemmem.New(nil) }},
 		{"sqlite", func(t *testing.T) idem.Store {
-			db, err := idemsql.OpenSQLite(filepath.Join(t.TempDir(), "inbox.db"))
+			db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -107,7 +109,7 @@ func TestTenantStoredAsWritten(t *testing.T) {
 			return migrated(t, db, idemmigrate.SQLite, idemsql.SQLite)
 		}},
 		{"mariadb", func(t *testing.T) idem.Store {
-			return migrated(t, openDB(t, "mysql", testenv.MySQLDSN(t)), idemmigrate.MySQL, idemsql.MySQL)
+			return migrated(t, openDB(t, "mysql", testenv.MySQLDSN(t)), idemmigrate.MySQL, idemmysql.Dialect)
 		}},
 		{"postgres-sql", func(t *testing.T) idem.Store {
 			return migrated(t, openDB(t, "pgx", testenv.PostgresSchema(t)), idemmigrate.Postgres, idemsql.Postgres)

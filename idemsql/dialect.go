@@ -2,30 +2,49 @@ package idemsql
 
 import (
 	"database/sql"
+	"errors"
 
 	"github.com/idem-go/idem/idemmigrate"
 )
 
-// Dialect is the SQL dialect of the database a Store works on. Use one of
-// the package variables SQLite, MySQL and Postgres; the zero Dialect is not
-// usable.
+// Dialect is the SQL dialect of the database a Store works on. Use
+// SQLite, Postgres, or idemmysql.Dialect for MySQL and MariaDB; the zero
+// Dialect is not usable.
 type Dialect struct{ d *dialect }
 
-// The supported dialects.
+// The dialects whose driver errors idemsql reads without importing the
+// driver: SQLite's result codes through the error's Code method
+// (modernc.org/sqlite), PostgreSQL's SQLSTATE through its SQLState method
+// (github.com/jackc/pgx/v5/stdlib, github.com/lib/pq).
 var (
-	// SQLite is SQLite 3.42 or later through modernc.org/sqlite (driver
-	// "sqlite", no cgo) or another driver; open it with OpenSQLite. Times
+	// SQLite is SQLite 3.42 or later, through modernc.org/sqlite (open it
+	// with idemsqlite.Open) or another driver set up the same way. Times
 	// are integer Unix microseconds from SQLite's own clock.
 	SQLite = Dialect{sqliteDialect}
-	// MySQL is MySQL 8.0.16+ or MariaDB 10.6+ on InnoDB, through
-	// github.com/go-sql-driver/mysql. Times are DATETIME(6) holding UTC
-	// from UTC_TIMESTAMP(6). Tenants are limited to 512 bytes.
-	MySQL = Dialect{mysqlDialect}
 	// Postgres is PostgreSQL through a database/sql driver, such as
 	// github.com/jackc/pgx/v5/stdlib (driver "pgx"), for programs built on
 	// database/sql, sqlx, ent or gorm. Programs on pgx itself use idempg.
 	Postgres = Dialect{postgresDialect}
 )
+
+// MySQLDialect returns the dialect of MySQL 8.0.16+ and MariaDB 10.6+ on
+// InnoDB, for a driver whose errors carry the server's error number:
+// errorNumber returns it, or false for an error that carries none.
+// idemmysql.Dialect is this dialect for github.com/go-sql-driver/mysql:
+// use it. Times are DATETIME(6) holding UTC from UTC_TIMESTAMP(6). Tenants
+// are limited to 512 bytes.
+//
+// The error numbers tell a deadlock (run again) and the errors after which
+// InnoDB rolled the whole transaction back (the handler's transaction is
+// then over) from the others.
+func MySQLDialect(errorNumber func(error) (uint16, bool)) Dialect {
+	if errorNumber == nil {
+		panic("idemsql: MySQLDialect needs a function that reads the error number; use idemmysql.Dialect")
+	}
+	d := *mysqlDialect
+	d.errorNumber = errorNumber
+	return Dialect{&d}
+}
 
 // Name returns the dialect's name: "sqlite", "mysql" or "postgres".
 func (d Dialect) Name() string {
@@ -47,30 +66,47 @@ func (d Dialect) MigrateDialect() idemmigrate.Dialect {
 // String returns Name.
 func (d Dialect) String() string { return d.Name() }
 
+// dialectKind says how a dialect runs the handler's transaction (see
+// unit.go): the statements differ, and so does what can end it.
+type dialectKind int
+
+const (
+	kindSQLite dialectKind = iota
+	kindMySQL
+	kindPostgres
+)
+
 // dialect holds one dialect's statements, compiled once. Every statement
 // takes its arguments by name (see query):
 //
-//	claim     tenant key fingerprint token lease retention (µs)
-//	get       tenant key
-//	complete  tenant key token mode status headers body ref
-//	extend    tenant key token lease (µs)
-//	held      tenant key token
-//	release   tenant key token
-//	purge     limit
+//	claim         tenant key fingerprint token lease retention (µs)
+//	get           tenant key
+//	complete      tenant key token mode status headers body ref
+//	completeUnit  the same, and unit (Postgres)
+//	extend        tenant key token lease (µs)
+//	held          tenant key token
+//	release       tenant key token
+//	purge         limit
 type dialect struct {
 	name    string
+	kind    dialectKind
 	migrate idemmigrate.Dialect
 
 	// claim is the one claiming statement. With claimReturns it returns a
 	// row when it won (INSERT … ON CONFLICT … RETURNING); without, winning
-	// is read from the rows affected (MySQL: 1 inserted, 2 updated, 0 when
-	// the existing row was kept).
+	// is read from the statement's last insert id, which the statement
+	// sets to 1 when it won and to 0 when it lost (MySQL).
 	claim        query
 	claimReturns bool
 
-	get      query
-	complete query
-	extend   query
+	get query
+	// complete is the fenced completion, in a transaction the caller owns
+	// (CompleteTx) or alone. completeUnit is the one in the handler's
+	// transaction, which may also check that the transaction is still the
+	// one the unit of work began (Postgres).
+	complete     query
+	completeUnit query
+	extend       query
 	// held selects 1 when the record is in flight under the token; it
 	// settles a zero rows-affected count where that is ambiguous.
 	held    query
@@ -88,15 +124,13 @@ type dialect struct {
 	// timed out and undid the whole batch.
 	purgePick query
 
-	// deadlock reports an error after which the database rolled the
-	// statement's transaction back whole, so that it may simply run again
-	// (InnoDB deadlocks between claims and purges); nil when the dialect
-	// needs no such retry.
-	deadlock func(error) bool
+	// errorNumber reads the server's error number from a driver's error
+	// (MySQL); nil where the dialect reads errors through interfaces.
+	errorNumber func(error) (uint16, bool)
 
-	// changedRows is true when rows affected counts changed rows rather
+	// changedRows is true when rows affected may count changed rows rather
 	// than matched ones (MySQL without CLIENT_FOUND_ROWS), so that an
-	// UPDATE writing the values already there reports zero.
+	// UPDATE writing the values already there may report zero.
 	changedRows bool
 	// maxTenant is the longest tenant the table holds, in bytes; 0 for no
 	// limit. Claim refuses longer ones rather than let a non-strict MySQL
@@ -111,3 +145,81 @@ type dialect struct {
 const recordColumns = `tenant_id, idem_key, fingerprint, state, lease_token, locked_until,
     storage_mode, status_code, response_headers, response_body, resource_ref,
     created_at, completed_at, expires_at`
+
+// Error numbers and codes the store acts on. Errors are told apart by
+// these, never by their text.
+const (
+	// MySQL: ER_LOCK_DEADLOCK. InnoDB rolled the whole transaction back.
+	mysqlDeadlock = 1213
+	// MySQL: ER_LOCK_WAIT_TIMEOUT. InnoDB rolled back the statement, or
+	// the whole transaction when innodb_rollback_on_timeout is on.
+	mysqlLockWaitTimeout = 1205
+	// MySQL: ER_LOCK_TABLE_FULL. InnoDB rolled the whole transaction back.
+	mysqlLockTableFull = 1206
+	// MySQL: ER_SP_DOES_NOT_EXIST, which RELEASE SAVEPOINT answers for a
+	// savepoint that is not there.
+	mysqlNoSavepoint = 1305
+
+	// SQLite primary result codes (an extended code's low byte).
+	sqliteError = 1 // generic: RELEASE of a savepoint that is not there
+	sqliteBusy  = 5 // the lock could not be taken; the statement did nothing
+
+	// PostgreSQL: in_failed_sql_transaction. A statement failed earlier
+	// and the transaction accepts nothing but ROLLBACK.
+	postgresTxAborted = "25P02"
+)
+
+// sqliteCode returns the primary SQLite result code of err, read through
+// the Code method of the driver's error (modernc.org/sqlite: the extended
+// code), or -1.
+func sqliteCode(err error) int {
+	var e interface{ Code() int }
+	if errors.As(err, &e) {
+		return e.Code() & 0xff
+	}
+	return -1
+}
+
+// postgresState returns the SQLSTATE of err, read through the SQLState
+// method of the driver's error (pgx, lib/pq), or "".
+func postgresState(err error) string {
+	var e interface{ SQLState() string }
+	if errors.As(err, &e) {
+		return e.SQLState()
+	}
+	return ""
+}
+
+// number returns the MySQL error number of err.
+func (d *dialect) number(err error) (uint16, bool) {
+	if d.errorNumber == nil || err == nil {
+		return 0, false
+	}
+	return d.errorNumber(err)
+}
+
+// retryable reports an error after which a statement of the store's own
+// (a claim, an extension, a release, a purge, a completion alone) did
+// nothing and may simply run again: an InnoDB deadlock rolled back the
+// statement's whole transaction, or SQLite could not take its lock.
+func (d *dialect) retryable(err error) bool {
+	switch d.kind {
+	case kindMySQL:
+		n, ok := d.number(err)
+		return ok && n == mysqlDeadlock
+	case kindSQLite:
+		return sqliteCode(err) == sqliteBusy
+	}
+	return false
+}
+
+// retryAttempts bounds the runs of a statement that keeps failing with a
+// retryable error: InnoDB may choose the same victim again; SQLite answers
+// busy only once its busy timeout has run out, or without waiting while
+// another connection recovers the WAL, and each run waits that long again.
+func (d *dialect) retryAttempts() int {
+	if d.kind == kindSQLite {
+		return 3
+	}
+	return 5
+}

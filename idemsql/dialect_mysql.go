@@ -2,9 +2,6 @@ package idemsql
 
 import (
 	"database/sql"
-	"errors"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/idem-go/idem/idemmigrate"
 )
@@ -26,20 +23,30 @@ const mysqlTakeover = `(expires_at <= UTC_TIMESTAMP(6)
 // way every assignment sees the same decision.
 const mysqlWon = `(lease_token = @token OR ` + mysqlTakeover + `)`
 
+// mysqlDialect lacks errorNumber: MySQLDialect copies it with one.
 var mysqlDialect = &dialect{
 	name:    "mysql",
+	kind:    kindMySQL,
 	migrate: idemmigrate.MySQL,
 
-	// Rows affected tell the outcome: 1 inserted, 2 taken over, 0 kept
-	// (each IF left its column as it was). This needs the driver's default
-	// clientFoundRows=false, with which an unchanged row counts 0.
+	// The statement's last insert id tells the outcome, whatever the
+	// rows affected say: LAST_INSERT_ID(x) makes the server report x as
+	// the insert id of the statement that calls it (for a table without
+	// AUTO_INCREMENT, the last x the statement set). The VALUES call it
+	// with 1 for every claim; a kept row calls it again with 0 (IF runs
+	// only the branch it picks, so a takeover does not). Rows affected
+	// would not do: with the driver's clientFoundRows on, a kept row
+	// counts 1, as an inserted one does.
+	//
+	// The session's LAST_INSERT_ID() is left at 0 or 1: harmless, since a
+	// program reads it on the connection of its own insert, right after.
 	claim: compile(`INSERT INTO idem_keys (tenant_id, idem_key, fingerprint, state, lease_token,
     locked_until, storage_mode, created_at, expires_at)
-VALUES (@tenant, @key, @fingerprint, 'in_flight', @token,
+VALUES (@tenant, @key, @fingerprint, IF(LAST_INSERT_ID(1), 'in_flight', 'in_flight'), @token,
     UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND, 0, UTC_TIMESTAMP(6),
     UTC_TIMESTAMP(6) + INTERVAL @retention MICROSECOND)
 ON DUPLICATE KEY UPDATE
-    lease_token      = IF(`+mysqlTakeover+`, @token, lease_token),
+    lease_token      = IF(`+mysqlTakeover+`, @token, IF(LAST_INSERT_ID(0), lease_token, lease_token)),
     fingerprint      = IF(`+mysqlWon+`, @fingerprint, fingerprint),
     state            = IF(`+mysqlWon+`, 'in_flight', state),
     locked_until     = IF(`+mysqlWon+`, UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND, locked_until),
@@ -63,7 +70,6 @@ ON DUPLICATE KEY UPDATE
     status_code = @status, response_headers = @headers, response_body = @body,
     resource_ref = @ref, completed_at = UTC_TIMESTAMP(6)
 WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, positional),
-
 	extend: compile(`UPDATE idem_keys SET locked_until = UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND,
     expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND)
 WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, positional),
@@ -95,17 +101,7 @@ WHERE tenant_id = @tenant AND idem_key = @key
 	purgeInTx:      true,
 	purgeIsolation: sql.LevelReadCommitted,
 
-	deadlock:    mysqlDeadlock,
 	changedRows: true,
 	maxTenant:   512, // tenant_id VARBINARY(512)
 	utcWall:     true,
-}
-
-// mysqlDeadlock reports InnoDB's ER_LOCK_DEADLOCK. A purge locks the
-// expires_at index before the rows, a claim taking over an expired record
-// locks the row before the index entries it moves: InnoDB breaks the cycle
-// by rolling one of them back, and the one rolled back may run again.
-func mysqlDeadlock(err error) bool {
-	var e *mysql.MySQLError
-	return errors.As(err, &e) && e.Number == 1213
 }

@@ -7,6 +7,7 @@ const postgresMicros = `::bigint * interval '1 microsecond'`
 
 var postgresDialect = &dialect{
 	name:    "postgres",
+	kind:    kindPostgres,
 	migrate: idemmigrate.Postgres,
 
 	// See sqliteDialect.claim. Under READ COMMITTED, a claim meeting a row
@@ -35,6 +36,15 @@ RETURNING lease_token`, numbered),
     status_code = @status, response_headers = @headers::jsonb, response_body = @body,
     resource_ref = @ref, completed_at = clock_timestamp()
 WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, numbered),
+	// In the handler's transaction, the completion also matches only
+	// while idem.unit holds the value the unit set with SET LOCAL when it
+	// began: SET LOCAL lasts until the transaction ends, so a transaction
+	// the handler ended itself (COMMIT sent as SQL) stores nothing.
+	completeUnit: compile(`UPDATE idem_keys SET state = 'complete', storage_mode = @mode,
+    status_code = @status, response_headers = @headers::jsonb, response_body = @body,
+    resource_ref = @ref, completed_at = clock_timestamp()
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'
+  AND current_setting('idem.unit', true) = @unit`, numbered),
 
 	extend: compile(`UPDATE idem_keys SET locked_until = now() + @lease`+postgresMicros+`,
     expires_at = greatest(expires_at, now() + @lease`+postgresMicros+`)

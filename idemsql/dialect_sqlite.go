@@ -10,6 +10,7 @@ const sqliteNow = `CAST(round(unixepoch('subsec') * 1000000) AS INTEGER)`
 
 var sqliteDialect = &dialect{
 	name:    "sqlite",
+	kind:    kindSQLite,
 	migrate: idemmigrate.SQLite,
 
 	// The WHERE of DO UPDATE decides the takeover on the existing row

@@ -9,9 +9,10 @@ import (
 
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemmysql"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 	"github.com/idem-go/idem/internal/testenv"
 
-	_ "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -25,7 +26,7 @@ type testDB struct {
 	store, peer *idemsql.Store
 }
 
-var dialects = []idemsql.Dialect{idemsql.SQLite, idemsql.MySQL, idemsql.Postgres}
+var dialects = []idemsql.Dialect{idemsql.SQLite, idemmysql.Dialect, idemsql.Postgres}
 
 // testConns is the pool size of each handle on a server database.
 const testConns = 16
@@ -49,11 +50,17 @@ func newTestDB(t testing.TB, dialect idemsql.Dialect) *testDB {
 	switch dialect {
 	case idemsql.SQLite:
 		dsn = filepath.Join(t.TempDir(), "idem.db")
-	case idemsql.MySQL:
+	case idemmysql.Dialect:
 		dsn = testenv.MySQLDSN(t)
 	case idemsql.Postgres:
 		dsn = testenv.PostgresSchema(t)
 	}
+	return newTestDBAt(t, dialect, dsn)
+}
+
+// newTestDBAt is newTestDB on the database dsn names.
+func newTestDBAt(t testing.TB, dialect idemsql.Dialect, dsn string) *testDB {
+	t.Helper()
 	open := func() *sql.DB {
 		db, err := openDB(dialect, dsn)
 		if err != nil {
@@ -91,8 +98,8 @@ func newTestDB(t testing.TB, dialect idemsql.Dialect) *testDB {
 func openDB(dialect idemsql.Dialect, dsn string) (*sql.DB, error) {
 	switch dialect {
 	case idemsql.SQLite:
-		return idemsql.OpenSQLite(dsn)
-	case idemsql.MySQL:
+		return idemsqlite.Open(dsn)
+	case idemmysql.Dialect:
 		return sql.Open("mysql", dsn)
 	case idemsql.Postgres:
 		return sql.Open("pgx", dsn)
@@ -119,9 +126,9 @@ func (e *testDB) placeholder() string {
 
 // businessWrite inserts a business row through the handler's transaction.
 func (e *testDB) businessWrite(ctx context.Context, id string) error {
-	tx := idemsql.Tx(ctx)
+	tx := idemsql.TxFromContext(ctx)
 	if tx == nil {
-		return fmt.Errorf("idemsql.Tx(ctx) is nil")
+		return fmt.Errorf("idemsql.TxFromContext(ctx) is nil")
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO business (id) VALUES (`+e.placeholder()+`)`, id)
 	return err

@@ -12,6 +12,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 )
 
 // The handler writes the order in the transaction that stores the result:
@@ -24,7 +25,7 @@ func Example() {
 	}
 	defer os.RemoveAll(dir)
 
-	db, err := idemsql.OpenSQLite(filepath.Join(dir, "app.db"))
+	db, err := idemsqlite.Open(filepath.Join(dir, "app.db"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -44,7 +45,7 @@ func Example() {
 	fp := sha256.Sum256([]byte("POST /orders " + body))
 	op := idem.Operation{Tenant: "acme", Key: "7f9c2ba4-order", Fingerprint: fp[:]}
 	createOrder := func(ctx context.Context) (idem.Result, error) {
-		res, err := idemsql.Tx(ctx).ExecContext(ctx, `INSERT INTO orders (item) VALUES (?)`, "book")
+		res, err := idemsql.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO orders (item) VALUES (?)`, "book")
 		if err != nil {
 			return idem.Result{}, err
 		}
@@ -79,7 +80,7 @@ func ExampleStore_CompleteTx() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := idemsql.OpenSQLite(filepath.Join(dir, "app.db"))
+	db, err := idemsqlite.Open(filepath.Join(dir, "app.db"))
 	if err != nil {
 		log.Fatal(err)
 	}

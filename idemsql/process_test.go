@@ -28,6 +28,7 @@ const (
 	helperDialect = "IDEMSQL_HELPER_DIALECT"
 	helperDSN     = "IDEMSQL_HELPER_DSN"
 	helperTenant  = "IDEMSQL_HELPER_TENANT"
+	helperLease   = "IDEMSQL_HELPER_LEASE"
 )
 
 // TestHelperProcess is not a test: it is the body of the helper processes,
@@ -64,7 +65,12 @@ func TestHelperProcess(t *testing.T) {
 func helperCrash(env *testDB, tenant string) {
 	ctx := context.Background()
 	p := claimParams(tenant, "order-1", "fp")
-	p.Lease = shortLease
+	lease, err := time.ParseDuration(os.Getenv(helperLease))
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(2)
+	}
+	p.Lease = lease
 	if res, err := env.store.Claim(ctx, p); err != nil || !res.Won {
 		fmt.Println("error: claim:", res.Won, err)
 		os.Exit(2)
@@ -142,7 +148,7 @@ func helperRace(env *testDB, tenant string) {
 	os.Exit(0)
 }
 
-func helperCommand(t *testing.T, env *testDB, role, tenant string) *exec.Cmd {
+func helperCommand(t *testing.T, env *testDB, role, tenant string, lease time.Duration) *exec.Cmd {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -157,7 +163,8 @@ func helperCommand(t *testing.T, env *testDB, role, tenant string) *exec.Cmd {
 		helperRole+"="+role,
 		helperDialect+"="+env.dialect.Name(),
 		helperDSN+"="+env.dsn,
-		helperTenant+"="+tenant)
+		helperTenant+"="+tenant,
+		helperLease+"="+lease.String())
 	cmd.Stderr = os.Stderr
 	return cmd
 }
@@ -167,25 +174,31 @@ func helperCommand(t *testing.T, env *testDB, role, tenant string) *exec.Cmd {
 // the lease ends, and then be taken over by another process.
 func TestProcessKilledMidTransaction(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, env *testDB) {
-		tenant := newName("tenant")
-		out, err := helperCommand(t, env, "crash", tenant).Output()
-		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.ExitCode() != 3 {
-			t.Fatalf("helper: %v, output %q", err, out)
+		var tenant string
+		var died time.Time
+		for lease := shortLease; ; lease *= 2 {
+			tenant = newName("tenant")
+			out, err := helperCommand(t, env, "crash", tenant, lease).Output()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 3 {
+				t.Fatalf("helper: %v, output %q", err, out)
+			}
+			died = time.Now()
+			tokenText, ok := strings.CutPrefix(strings.TrimSpace(string(out)), "token ")
+			token, perr := strconv.ParseInt(tokenText, 10, 64)
+			if !ok || perr != nil {
+				t.Fatalf("helper output %q", out)
+			}
+			mustCount(t, env, tenant+"-crash", 0)
+			rec := mustGet(t, env.store, tenant, "order-1")
+			if rec.State != idem.StateInFlight || rec.LeaseToken != token {
+				t.Fatalf("record after the crash: %+v, want in flight under %d", rec, token)
+			}
+			if lostInLease(t, env.store, claimParams(tenant, "order-1", "fp"), rec.LockedUntil) {
+				sleepPast(died, lease)
+				break
+			}
 		}
-		died := time.Now()
-		tokenText, ok := strings.CutPrefix(strings.TrimSpace(string(out)), "token ")
-		token, perr := strconv.ParseInt(tokenText, 10, 64)
-		if !ok || perr != nil {
-			t.Fatalf("helper output %q", out)
-		}
-		mustCount(t, env, tenant+"-crash", 0)
-		rec := mustGet(t, env.store, tenant, "order-1")
-		if rec.State != idem.StateInFlight || rec.LeaseToken != token {
-			t.Fatalf("record after the crash: %+v, want in flight under %d", rec, token)
-		}
-		mustClaim(t, env.store, claimParams(tenant, "order-1", "fp"), false)
-		sleepPast(died, shortLease)
 
 		taker := claimParams(tenant, "order-1", "fp")
 		mustClaim(t, env.store, taker, true)
@@ -207,7 +220,7 @@ func TestProcessesRace(t *testing.T) {
 		}
 		helpers := make([]helper, processes)
 		for i := range helpers {
-			cmd := helperCommand(t, env, "race", tenant)
+			cmd := helperCommand(t, env, "race", tenant, 0)
 			stdin, err := cmd.StdinPipe()
 			if err != nil {
 				t.Fatal(err)

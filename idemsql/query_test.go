@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/idemmigrate"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 )
 
 func TestCompile(t *testing.T) {
@@ -33,6 +34,7 @@ func TestDialectArgs(t *testing.T) {
 		"claim":    {"tenant", "key", "fingerprint", "token", "lease", "retention"},
 		"get":      {"tenant", "key"},
 		"complete": {"tenant", "key", "token", "mode", "status", "headers", "body", "ref"},
+		"unit":     {"tenant", "key", "token", "mode", "status", "headers", "body", "ref", "unit"},
 		"extend":   {"tenant", "key", "token", "lease"},
 		"held":     {"tenant", "key", "token"},
 		"release":  {"tenant", "key", "token"},
@@ -40,7 +42,7 @@ func TestDialectArgs(t *testing.T) {
 		"pick":     {"limit"},
 	}
 	for _, d := range []*dialect{sqliteDialect, mysqlDialect, postgresDialect} {
-		queries := map[string]query{"claim": d.claim, "get": d.get, "complete": d.complete, "extend": d.extend,
+		queries := map[string]query{"claim": d.claim, "get": d.get, "complete": d.complete, "unit": d.completeUnitQuery(), "extend": d.extend,
 			"held": d.held, "release": d.release, "purge": d.purge, "pick": d.purgePick}
 		for name, q := range queries {
 			allowed := given[name]
@@ -95,7 +97,7 @@ func TestDBTimeScan(t *testing.T) {
 // TestSQLitePurgePlan checks that the purge walks the expires_at index
 // rather than scanning the table.
 func TestSQLitePurgePlan(t *testing.T) {
-	db, err := OpenSQLite(filepath.Join(t.TempDir(), "plan.db"))
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "plan.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -21,9 +22,29 @@ const claimAttempts = 3
 
 // Store is an idem.Store on a database/sql database. The tables come from
 // idemmigrate (Dialect.MigrateDialect). A Store is safe for concurrent use.
+// Build one per database and share it: on SQLite, the Store queues its
+// own writers (see the package documentation).
 type Store struct {
 	db *sql.DB
 	d  *dialect
+
+	// SQLite only: writes lets one writer of this Store at a time at the
+	// database; busyLimit is how long a writer waits there while the lock
+	// does not change hands (the busy timeout of the database's
+	// connections, read once; 0 until read).
+	writes    *gate
+	busyLimit atomic.Int64
+
+	// MySQL only: whether InnoDB rolls the whole transaction back on a
+	// lock wait timeout (innodb_rollback_on_timeout), read once: 0
+	// unknown, 1 no, 2 yes.
+	rollbackOnTimeout atomic.Int32
+}
+
+// lease names one execution's hold on a key.
+type lease struct {
+	tenant, key string
+	token       int64
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -42,12 +63,16 @@ func (s *Store) Info() idem.StoreInfo {
 // Dialect, a programming error.
 func New(db *sql.DB, dialect Dialect) *Store {
 	if dialect.d == nil {
-		panic("idemsql: New needs idemsql.SQLite, idemsql.MySQL or idemsql.Postgres")
+		panic("idemsql: New needs idemsql.SQLite, idemsql.Postgres or idemmysql.Dialect")
 	}
 	if db == nil {
 		panic("idemsql: New needs a *sql.DB")
 	}
-	return &Store{db: db, d: dialect.d}
+	s := &Store{db: db, d: dialect.d}
+	if s.d.kind == kindSQLite {
+		s.writes = newGate()
+	}
+	return s
 }
 
 // DB returns the database the store works on.
@@ -73,7 +98,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	})
 	for range claimAttempts {
 		var won bool
-		err := s.retryDeadlock(ctx, func() (err error) {
+		err := s.retry(ctx, func() (err error) {
 			won, err = s.claimOnce(ctx, args)
 			return err
 		})
@@ -103,8 +128,12 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 }
 
 func (s *Store) claimOnce(ctx context.Context, args []any) (bool, error) {
-	// The connection first, so that failing to get one is told apart from
-	// a statement cancelled once sent.
+	// The write lock and the connection first, so that failing to get
+	// them is told apart from a statement cancelled once sent.
+	if err := s.lockWrites(ctx); err != nil {
+		return false, idem.NotApplied(err)
+	}
+	defer s.unlockWrites()
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return false, idem.NotApplied(err)
@@ -122,30 +151,44 @@ func (s *Store) claimOnce(ctx context.Context, args []any) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	n, err := res.RowsAffected()
-	return n > 0, err
+	// See mysqlDialect.claim: 1 when won, 0 when lost.
+	id, err := res.LastInsertId()
+	return id == 1, err
 }
 
-// Begin implements idem.Store: it opens a database transaction, which the
-// handler reaches through Tx(ctx). With OpenSQLite it begins IMMEDIATE.
+// Begin implements idem.Store. It takes no connection: the transaction
+// begins at the handler's first statement through TxFromContext(ctx) (or
+// DB(ctx, db)), and a handler that makes none completes with a single
+// statement. On SQLite the transaction begins IMMEDIATE, taking the write
+// lock at its first statement, a read included.
 func (s *Store) Begin(ctx context.Context) (idem.UnitOfWork, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("idemsql: begin: %w", err)
-	}
-	return &unitOfWork{s: s, tx: tx}, nil
+	return newUnit(s), nil
 }
 
 // Extend implements idem.Store.
+//
+// On SQLite, while the execution's own transaction holds the write lock,
+// Extend writes nothing and returns nil: no other writer, and so no
+// takeover, can run before that transaction ends, and the unit of work
+// extends the lease in the very transaction that releases the lock if it
+// ends without completing (see unit.finish). Writing would only wait for
+// the lock the execution itself holds.
 func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
-	args := s.d.extend.args(map[string]any{
-		"tenant": p.Tenant, "key": p.Key, "token": p.Token, "lease": p.Lease.Microseconds(),
-	})
 	var res sql.Result
-	err := s.retryDeadlock(ctx, func() (err error) {
-		res, err = s.db.ExecContext(ctx, s.d.extend.text, args...)
+	skipped := false
+	err := s.retry(ctx, func() (err error) {
+		if s.writes != nil {
+			if skipped, err = s.writes.acquireExtend(ctx, s.writeLimit(ctx), p); err != nil || skipped {
+				return err
+			}
+			defer s.unlockWrites()
+		}
+		res, err = s.extendOn(ctx, s.db, p)
 		return err
 	})
+	if skipped {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("idemsql: extend: %w", err)
 	}
@@ -187,10 +230,26 @@ func (s *Store) stillHeld(ctx context.Context, tenant, key string, token int64) 
 	return nil
 }
 
+// extendOn runs the extension on db, a pool or a connection.
+func (s *Store) extendOn(ctx context.Context, db execer, p idem.ExtendParams) (sql.Result, error) {
+	return db.ExecContext(ctx, s.d.extend.text, s.d.extend.args(map[string]any{
+		"tenant": p.Tenant, "key": p.Key, "token": p.Token, "lease": p.Lease.Microseconds(),
+	})...)
+}
+
+// execer is what runs a statement: a *sql.DB, *sql.Conn or *sql.Tx.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
 // Release implements idem.Store.
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 	args := s.d.release.args(map[string]any{"tenant": p.Tenant, "key": p.Key, "token": p.Token})
-	err := s.retryDeadlock(ctx, func() error {
+	err := s.retry(ctx, func() error {
+		if err := s.lockWrites(ctx); err != nil {
+			return err
+		}
+		defer s.unlockWrites()
 		_, err := s.db.ExecContext(ctx, s.d.release.text, args...)
 		return err
 	})
@@ -222,7 +281,11 @@ func (s *Store) Purge(ctx context.Context, p idem.PurgeParams) (int, error) {
 		limit = defaultPurgeLimit
 	}
 	var n int
-	err := s.retryDeadlock(ctx, func() (err error) {
+	err := s.retry(ctx, func() (err error) {
+		if err := s.lockWrites(ctx); err != nil {
+			return fmt.Errorf("idemsql: purge: %w", err)
+		}
+		defer s.unlockWrites()
 		n, err = s.purgeOnce(ctx, int64(limit))
 		return err
 	})
@@ -305,17 +368,13 @@ func purged(res sql.Result, err error) (int, error) {
 	return int(n), nil
 }
 
-// deadlockAttempts bounds the runs of a statement that the database keeps
-// choosing as a deadlock victim.
-const deadlockAttempts = 5
-
-// retryDeadlock runs fn again, after a short random pause, when it failed
-// with an error the dialect's deadlock says is safe to retry: the
-// statement's transaction was rolled back whole.
-func (s *Store) retryDeadlock(ctx context.Context, fn func() error) error {
+// retry runs fn again, after a short random pause, when it failed with an
+// error after which the statement did nothing and may simply run again
+// (dialect.retryable): an InnoDB deadlock, SQLite's busy.
+func (s *Store) retry(ctx context.Context, fn func() error) error {
 	for attempt := 1; ; attempt++ {
 		err := fn()
-		if err == nil || s.d.deadlock == nil || !s.d.deadlock(err) || attempt == deadlockAttempts {
+		if err == nil || !s.d.retryable(err) || attempt == s.d.retryAttempts() {
 			return err
 		}
 		// The two sides of a deadlock would meet again if they retried
@@ -327,6 +386,50 @@ func (s *Store) retryDeadlock(ctx context.Context, fn func() error) error {
 		case <-time.After(pause):
 		}
 	}
+}
+
+// lockWrites waits for this Store's turn to write, on SQLite; elsewhere
+// it does nothing.
+func (s *Store) lockWrites(ctx context.Context) error {
+	if s.writes == nil {
+		return nil
+	}
+	return s.writes.acquire(ctx, s.writeLimit(ctx))
+}
+
+// unlockWrites ends the turn lockWrites gave.
+func (s *Store) unlockWrites() {
+	if s.writes != nil {
+		s.writes.release()
+	}
+}
+
+// defaultBusyLimit bounds a writer's wait for the write lock when the
+// database's busy timeout cannot be read.
+const defaultBusyLimit = 10 * time.Second
+
+// writeLimit is how long a writer waits for its turn while the lock does
+// not change hands: as long as SQLite would let it wait for the lock
+// itself (the connections' busy timeout). A queue that moves is waited
+// out, as database/sql's pool queue would be; a writer that can never get
+// the lock (a handler that claims another key of the same Store inside
+// its own transaction) fails as it would without the queue, rather than
+// waiting for ever.
+func (s *Store) writeLimit(ctx context.Context) time.Duration {
+	if ms := s.busyLimit.Load(); ms != 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+	var ms int64
+	if err := s.db.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&ms); err != nil {
+		return defaultBusyLimit
+	}
+	if ms <= 0 {
+		// No busy timeout: SQLite fails at once on a held lock; the
+		// queue still waits, for the default.
+		ms = defaultBusyLimit.Milliseconds()
+	}
+	s.busyLimit.Store(ms)
+	return time.Duration(ms) * time.Millisecond
 }
 
 // nullBytes stores an empty fingerprint or body as NULL, which reads back

@@ -55,6 +55,30 @@ func claimParams(tenant, key, fp string) idem.ClaimParams {
 // barrier.
 var atOnce = atonce.Run
 
+// lostInLease claims p, which must lose to a lease running until heldUntil
+// on the database's clock, and reports whether it ran in time to tell. A
+// claim that wins before heldUntil fails the test. One that wins after it
+// only shows that the machine took longer than the lease between two
+// statements: the caller starts over with a longer lease.
+func lostInLease(t *testing.T, st idem.Store, p idem.ClaimParams, heldUntil time.Time) bool {
+	t.Helper()
+	res, err := st.Claim(context.Background(), p)
+	if err != nil {
+		t.Fatalf("Claim(%q): %v", p.Key, err)
+	}
+	if !res.Won {
+		if res.Record == nil {
+			t.Fatalf("Claim(%q) lost without a record", p.Key)
+		}
+		return true
+	}
+	if wonAt := mustGet(t, st, p.Tenant, p.Key).CreatedAt; wonAt.Before(heldUntil) {
+		t.Fatalf("Claim(%q) won at %v, while the lease ran until %v", p.Key, wonAt, heldUntil)
+	}
+	t.Logf("Claim(%q) ran after the lease ended (the machine is slow): starting over with a longer lease", p.Key)
+	return false
+}
+
 // sleepPast sleeps until d has passed, with slack, since at.
 func sleepPast(at time.Time, d time.Duration) {
 	time.Sleep(time.Until(at.Add(d + slack)))
@@ -150,15 +174,21 @@ func TestFencing(t *testing.T) {
 
 func TestTakeover(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, env *testDB) {
-		tenant := newName("tenant")
-		first := claimParams(tenant, "order-1", "fp-a")
-		first.Lease = shortLease
-		mustClaim(t, env.store, first, true)
-		claimed := time.Now()
-
-		// Within the lease nobody takes over.
-		mustClaim(t, env.peer, claimParams(tenant, "order-1", "fp-a"), false)
-		sleepPast(claimed, shortLease)
+		var tenant string
+		var first idem.ClaimParams
+		var claimed time.Time
+		for lease := shortLease; ; lease *= 2 {
+			tenant = newName("tenant")
+			first = claimParams(tenant, "order-1", "fp-a")
+			first.Lease = lease
+			mustClaim(t, env.store, first, true)
+			claimed = time.Now()
+			// Within the lease nobody takes over.
+			if lostInLease(t, env.peer, claimParams(tenant, "order-1", "fp-a"), mustGet(t, env.store, tenant, "order-1").LockedUntil) {
+				break
+			}
+		}
+		sleepPast(claimed, first.Lease)
 
 		// Past it, another fingerprint still cannot: the key belongs to
 		// another request.
@@ -191,20 +221,36 @@ func TestTakeover(t *testing.T) {
 func TestRetention(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, env *testDB) {
 		ctx := context.Background()
-		tenant := newName("tenant")
-		p := claimParams(tenant, "order-1", "fp-a")
-		p.Lease, p.Retention = shortLease, shortRetention
-		mustClaim(t, env.store, p, true)
-		claimed := time.Now()
 		result := idem.Result{Mode: idem.ModeReference, Status: 201, Reference: "order-42",
 			Header: map[string][]string{"Location": {"/orders/42"}}}
-		mustComplete(t, env.store, tenant, "order-1", p.Token, result)
-
-		rec := mustClaim(t, env.peer, claimParams(tenant, "order-1", "fp-a"), false)
-		if rec.State != idem.StateComplete || rec.Result.Reference != "order-42" || rec.Result.Header["Location"][0] != "/orders/42" {
-			t.Fatalf("replayed record %+v", rec)
+		var tenant string
+		var p idem.ClaimParams
+		var claimed time.Time
+		for retention := shortRetention; ; retention *= 2 {
+			tenant = newName("tenant")
+			p = claimParams(tenant, "order-1", "fp-a")
+			p.Lease, p.Retention = shortLease, retention
+			mustClaim(t, env.store, p, true)
+			claimed = time.Now()
+			mustComplete(t, env.store, tenant, "order-1", p.Token, result)
+			expires := mustGet(t, env.store, tenant, "order-1").ExpiresAt
+			res, err := env.peer.Claim(ctx, claimParams(tenant, "order-1", "fp-a"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.Won {
+				rec := res.Record
+				if rec.State != idem.StateComplete || rec.Result.Reference != "order-42" || rec.Result.Header["Location"][0] != "/orders/42" {
+					t.Fatalf("replayed record %+v", rec)
+				}
+				break
+			}
+			if wonAt := mustGet(t, env.store, tenant, "order-1").CreatedAt; wonAt.Before(expires) {
+				t.Fatalf("a claim won at %v, within the retention of a complete record (until %v)", wonAt, expires)
+			}
+			t.Logf("the claim ran after the retention ended (the machine is slow): starting over with a longer one")
 		}
-		sleepPast(claimed, shortRetention)
+		sleepPast(claimed, p.Retention)
 
 		// Past retention the key is absent, whatever the fingerprint.
 		again := claimParams(tenant, "order-1", "fp-b")
@@ -281,7 +327,7 @@ func TestEngine(t *testing.T) {
 			engines[i] = e
 		}
 		op := idem.Operation{Tenant: newName("tenant"), Key: "order-1", Fingerprint: []byte("POST /orders")}
-		if tx := idemsql.Tx(ctx); tx != nil {
+		if tx := idemsql.TxFromContext(ctx); tx != nil {
 			t.Fatalf("idemsql.Tx outside an execution = %v, want nil", tx)
 		}
 

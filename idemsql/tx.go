@@ -3,25 +3,153 @@ package idemsql
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 
 	"github.com/idem-go/idem"
 )
 
-// txKey is the context key under which Tx finds the handler's transaction.
+// txKey is the context key under which TxFromContext finds the handler's
+// transaction.
 type txKey struct{}
 
-// Tx returns the database transaction of the idem execution that ctx
-// belongs to, or nil outside one. The handler makes its business writes in
-// it, so that they commit together with the stored result, or not at all:
+// DBTX is what *Tx, *sql.DB, *sql.Tx and *sql.Conn have in common: the
+// interface sqlc generates for database/sql, so that generated queries run
+// in the handler's transaction unchanged (New(idemsql.DB(ctx, db))).
+type DBTX interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Tx is the handler's transaction: its business writes commit together
+// with the stored answer when the handler returns, or not at all. Get it
+// with TxFromContext, or DB.
 //
-//	tx := idemsql.Tx(ctx)
+// It begins at its first statement, not before: a handler that calls a
+// slow service first holds no connection meanwhile, and one that makes no
+// statement costs a single one, the completion.
+//
+// Its end belongs to idem. Commit is refused (ErrTxOwned). Rollback undoes
+// the writes at once, and the answer the handler then returns is stored
+// and replayed without them; statements after it fail with
+// ErrTxRolledBack. When the database ends the transaction under the
+// handler (a deadlock, a lock wait timeout that rolled it back, a failed
+// statement after which SQLite rolled it back), the statement's error is a
+// *TxEndedError, every later statement fails with one too, and nothing of
+// the execution is stored: return an error.
+//
+// A Tx is safe for concurrent use, as a *sql.Tx is, and is valid only
+// while the handler runs. Send COMMIT, ROLLBACK or BEGIN through its
+// methods, never as SQL text.
+type Tx struct{ u *unit }
+
+var _ DBTX = (*Tx)(nil)
+
+// TxFromContext returns the transaction of the idem execution that ctx
+// belongs to, or nil outside one:
+//
+//	tx := idemsql.TxFromContext(ctx)
 //	_, err := tx.ExecContext(ctx, "INSERT INTO orders (id, total) VALUES (?, ?)", id, total)
-func Tx(ctx context.Context) *sql.Tx {
-	tx, _ := ctx.Value(txKey{}).(*sql.Tx)
+func TxFromContext(ctx context.Context) *Tx {
+	tx, _ := ctx.Value(txKey{}).(*Tx)
 	return tx
 }
+
+// DB returns the transaction of the idem execution that ctx belongs to,
+// or db outside one, so that code shared by idempotent and plain requests
+// has one path:
+//
+//	_, err := idemsql.DB(ctx, db).ExecContext(ctx, "INSERT INTO orders …", …)
+func DB(ctx context.Context, db *sql.DB) DBTX {
+	if tx := TxFromContext(ctx); tx != nil {
+		return tx
+	}
+	return db
+}
+
+// ExecContext runs a statement in the transaction.
+func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	t.u.stmts.RLock()
+	defer t.u.stmts.RUnlock()
+	conn, err := t.u.use(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res, err := conn.ExecContext(ctx, query, args...)
+	if err != nil {
+		return nil, t.u.failed(ctx, conn, err)
+	}
+	return res, nil
+}
+
+// QueryContext runs a query in the transaction.
+func (t *Tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	t.u.stmts.RLock()
+	defer t.u.stmts.RUnlock()
+	conn, err := t.u.use(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := conn.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, t.u.failed(ctx, conn, err)
+	}
+	return rows, nil
+}
+
+// QueryRowContext runs a query expected to return at most one row in the
+// transaction. As with *sql.Tx, errors are deferred until Scan (or Err).
+func (t *Tx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	t.u.stmts.RLock()
+	defer t.u.stmts.RUnlock()
+	conn, err := t.u.use(ctx)
+	if err != nil {
+		return errRow(err)
+	}
+	row := conn.QueryRowContext(ctx, query, args...)
+	// Err reports the query's own error before any Scan: the moment to
+	// find out whether it ended the transaction.
+	if err := row.Err(); err != nil {
+		if ended := t.u.failed(ctx, conn, err); ended != err {
+			return errRow(ended)
+		}
+	}
+	return row
+}
+
+// PrepareContext prepares a statement on the transaction's connection.
+// The statement runs in the transaction; it fails once the transaction has
+// ended. Its errors do not pass through Tx: prefer Tx's own methods.
+func (t *Tx) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	t.u.stmts.RLock()
+	defer t.u.stmts.RUnlock()
+	conn, err := t.u.use(ctx)
+	if err != nil {
+		return nil, err
+	}
+	stmt, err := conn.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, t.u.failed(ctx, conn, err)
+	}
+	return stmt, nil
+}
+
+// Commit refuses with ErrTxOwned: the transaction commits with the
+// handler's answer when the handler returns.
+func (t *Tx) Commit() error { return ErrTxOwned }
+
+// Rollback undoes the handler's writes now. The handler's answer is still
+// stored and replayed, without them: a payment the card network refused,
+// answered 402, that must leave no row behind and answer every retry the
+// same. Statements after it fail with ErrTxRolledBack. (Returning an error
+// instead rolls back and stores nothing; idem.RollbackWrites(ctx) does as
+// Rollback, at the handler's return.)
+//
+// It returns a *TxEndedError if the database had ended the transaction in
+// a way that may have committed writes (DDL on MySQL): the answer will not
+// be stored then. It is harmless to call more than once.
+func (t *Tx) Rollback() error { return t.u.rollbackByHandler() }
 
 // CompleteTx stores the result of the execution holding p.Token inside tx,
 // a transaction the caller owns, fenced by the lease token: the UPDATE only
@@ -31,12 +159,31 @@ func Tx(ctx context.Context) *sql.Tx {
 // writes included. It neither commits nor rolls back.
 //
 // It is for callers who run their own transaction rather than
-// idem.Engine.Do; the Engine goes through Begin and Tx.Complete, which call
-// it and then commit.
+// idem.Engine.Do. They are also the ones to make sure the transaction is
+// still the one they began: on MySQL and SQLite, an error can end it (see
+// the package documentation).
 func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p idem.CompleteParams) error {
-	headers, err := idem.MarshalHeader(p.Result.Header)
+	args, err := completeArgs(s.d.complete, p, "")
+	if err != nil {
+		return err
+	}
+	res, err := tx.ExecContext(ctx, s.d.complete.text, args...)
 	if err != nil {
 		return fmt.Errorf("idemsql: complete: %w", err)
+	}
+	// The completion always changes state, so rows affected are exact on
+	// every dialect, MySQL's changed-rows count included. (Asking again with
+	// a SELECT would be wrong here: inside tx it could read the snapshot
+	// from before a takeover.)
+	return fenced(res)
+}
+
+// completeArgs returns the arguments of q, a completion, for p; unit is
+// the unit's mark (Postgres' completeUnit).
+func completeArgs(q query, p idem.CompleteParams, unit string) ([]any, error) {
+	headers, err := idem.MarshalHeader(p.Result.Header)
+	if err != nil {
+		return nil, fmt.Errorf("idemsql: complete: %w", err)
 	}
 	var headerArg any
 	if headers != nil {
@@ -48,7 +195,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p idem.CompleteParam
 	if p.Result.Reference != "" {
 		ref = p.Result.Reference
 	}
-	res, err := tx.ExecContext(ctx, s.d.complete.text, s.d.complete.args(map[string]any{
+	values := map[string]any{
 		"tenant":  p.Tenant,
 		"key":     p.Key,
 		"token":   p.Token,
@@ -57,45 +204,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p idem.CompleteParam
 		"headers": headerArg,
 		"body":    nullBytes(p.Result.Body),
 		"ref":     ref,
-	})...)
-	if err != nil {
-		return fmt.Errorf("idemsql: complete: %w", err)
+		"unit":    unit,
 	}
-	// The completion always changes state, so rows affected are exact on
-	// every dialect, MySQL's changed-rows count included. (Asking again with
-	// a SELECT would be wrong here: inside tx it could read the snapshot
-	// from before a takeover.)
-	return fenced(res)
-}
-
-// unitOfWork is the idem.UnitOfWork of a Store: one database transaction.
-type unitOfWork struct {
-	s  *Store
-	tx *sql.Tx
-}
-
-// Context implements idem.UnitOfWork.
-func (u *unitOfWork) Context(ctx context.Context) context.Context {
-	return context.WithValue(ctx, txKey{}, u.tx)
-}
-
-// Complete implements idem.UnitOfWork: CompleteTx, then commit, or roll back on
-// any failure.
-func (u *unitOfWork) Complete(ctx context.Context, p idem.CompleteParams) error {
-	if err := u.s.CompleteTx(ctx, u.tx, p); err != nil {
-		_ = u.tx.Rollback()
-		return err
-	}
-	if err := u.tx.Commit(); err != nil {
-		return fmt.Errorf("idemsql: commit: %w", err)
-	}
-	return nil
-}
-
-// Rollback implements idem.UnitOfWork. After Complete it does nothing.
-func (u *unitOfWork) Rollback(ctx context.Context) error {
-	if err := u.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
-		return fmt.Errorf("idemsql: rollback: %w", err)
-	}
-	return nil
+	return q.args(values), nil
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 )
 
 // Names on the brokers.
@@ -142,7 +143,7 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 			close: pool.Close,
 		}, nil
 	}
-	db, err := idemsql.OpenSQLite(dsn)
+	db, err := idemsqlite.Open(dsn)
 	if err != nil {
 		return nil, err
 	}
@@ -157,12 +158,12 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 	return &database{
 		store: idemsql.New(db, idemsql.SQLite),
 		insert: func(ctx context.Context, o Order) error {
-			_, err := idemsql.Tx(ctx).ExecContext(ctx, `INSERT INTO orders (order_id, customer, total_cents) VALUES (?, ?, ?)`,
+			_, err := idemsql.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO orders (order_id, customer, total_cents) VALUES (?, ?, ?)`,
 				o.OrderID, o.Customer, o.TotalCents)
 			return err
 		},
 		deadLetter: func(ctx context.Context, id, cause string, payload []byte) error {
-			_, err := idemsql.Tx(ctx).ExecContext(ctx, `INSERT INTO order_dead_letters (message_id, error, payload) VALUES (?, ?, ?)`,
+			_, err := idemsql.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO order_dead_letters (message_id, error, payload) VALUES (?, ?, ?)`,
 				id, cause, string(payload))
 			return err
 		},

@@ -27,7 +27,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver, to read the PostgreSQL schema
 
 	"github.com/idem-go/idem/idemclient"
-	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -122,7 +122,7 @@ type store struct {
 
 func openSQLite(t *testing.T) *store {
 	path := filepath.Join(t.TempDir(), "idem.db")
-	db, err := idemsql.OpenSQLite(path)
+	db, err := idemsqlite.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemmysql"
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -142,7 +143,7 @@ func (m *mariadb) db(t *testing.T) *sql.DB {
 	db.SetMaxOpenConns(24)
 	db.SetMaxIdleConns(24)
 	t.Cleanup(func() { db.Close() })
-	if err := idemmigrate.Migrate(ctx, db, idemsql.MySQL.MigrateDialect()); err != nil {
+	if err := idemmigrate.Migrate(ctx, db, idemmysql.Dialect.MigrateDialect()); err != nil {
 		t.Fatal(err)
 	}
 	// No unique index on the key, on purpose (see the PostgreSQL one).
@@ -163,14 +164,14 @@ func (m *mariadb) target(db *sql.DB) *target {
 		srv:   m.srv,
 		ready: m.ready,
 		insert: func(ctx context.Context, key, nonce string) error {
-			_, err := idemsql.Tx(ctx).ExecContext(ctx, `INSERT INTO orders (tenant_id, idem_key, nonce) VALUES (?, ?, ?)`, tenant, key, nonce)
+			_, err := idemsql.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO orders (tenant_id, idem_key, nonce) VALUES (?, ?, ?)`, tenant, key, nonce)
 			return err
 		},
 		read:          m.read,
 		claimsDurable: m.flush == "1",
 	}
 	if db != nil {
-		tg.store = idemsql.New(db, idemsql.MySQL)
+		tg.store = idemsql.New(db, idemmysql.Dialect)
 	}
 	return tg
 }

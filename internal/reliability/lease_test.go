@@ -230,7 +230,7 @@ func TestHeartbeatKeepsKey(t *testing.T) {
 // TestLeaseSQLite: on SQLite the slow handler's transaction holds the
 // database's single write lock (BEGIN IMMEDIATE) for as long as it runs,
 // so a retry's claim cannot even read-and-write the record: it waits for
-// the lock (up to idemsql.SQLiteBusyTimeout). The lease therefore cannot
+// the lock (up to idemsqlite.BusyTimeout). The lease therefore cannot
 // be lost under a live handler, heartbeat or not: when the slow handler
 // commits, its completion is not refused, and the waiting retry then
 // finds the key complete and gets the replay. This test pins that down,

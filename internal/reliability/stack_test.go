@@ -26,6 +26,7 @@ import (
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver, for the checks
@@ -121,7 +122,7 @@ const (
 func newSQLite(t *testing.T) *database {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "idem.db")
-	check, err := idemsql.OpenSQLite(path)
+	check, err := idemsqlite.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +137,7 @@ func newSQLite(t *testing.T) *database {
 		name:  "sqlite",
 		check: check,
 		open: func(t *testing.T, via string) *conn {
-			db, err := idemsql.OpenSQLite(path)
+			db, err := idemsqlite.Open(path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -145,7 +146,7 @@ func newSQLite(t *testing.T) *database {
 				store: idemsql.New(db, idemsql.SQLite),
 				insertTx: func(ctx context.Context, o order) (int64, error) {
 					var id int64
-					err := idemsql.Tx(ctx).QueryRowContext(ctx,
+					err := idemsql.TxFromContext(ctx).QueryRowContext(ctx,
 						`INSERT INTO orders (tenant, idem_key, item) VALUES (?, ?, ?) RETURNING id`,
 						o.Tenant, o.Key, o.Item).Scan(&id)
 					return id, err

@@ -9,6 +9,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 )
 
 // SQLite returns a backend on a fresh SQLite file, with idemsql. Each
@@ -20,7 +21,7 @@ func SQLite(t testing.TB) *Backend {
 
 func sqliteAt(t testing.TB, path string, create bool) *Backend {
 	open := func(t testing.TB) *sql.DB {
-		db, err := idemsql.OpenSQLite(path)
+		db, err := idemsqlite.Open(path)
 		if err != nil {
 			t.Fatalf("open sqlite: %v", err)
 		}
@@ -45,7 +46,7 @@ func sqliteAt(t testing.TB, path string, create bool) *Backend {
 		Transactional: true,
 		NewStore:      func(t testing.TB) idem.Store { return idemsql.New(open(t), idemsql.SQLite) },
 		Insert: func(ctx context.Context, table, id, note string) error {
-			_, err := idemsql.Tx(ctx).ExecContext(ctx, `INSERT INTO `+table+` (id, note) VALUES (?, ?)`, id, note)
+			_, err := idemsql.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO `+table+` (id, note) VALUES (?, ?)`, id, note)
 			return err
 		},
 		Rows: func(t testing.TB, table string) []string {
