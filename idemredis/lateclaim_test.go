@@ -3,67 +3,133 @@ package idemredis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/atonce"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/redis/go-redis/v9"
 )
 
-// A claim whose reply is lost (the read times out after the script was
-// sent; the server runs it all the same) does not leave the key held: the
-// store does not mark the error idem.ErrNotApplied, so the engine
-// releases it, fenced by the token.
+// TestClaimWithLostReplyReleases: claims that ran on the server while
+// their client never learned it (the reply was lost and the read timed
+// out, or the connection ended before the reply) do not leave their keys
+// held. The store does not mark such an error idem.ErrNotApplied, so the
+// engine releases the keys, fenced by the token, through the same client,
+// whose reads time out. Each claim is sent once: a resend could end in a
+// refusal that hides the first attempt, and the proxy counts what
+// reached the server.
 func TestClaimWithLostReplyReleases(t *testing.T) {
+	for _, mode := range []struct {
+		name string
+		mode faultMode
+	}{{"reply lost", drop}, {"connection cut", cut}} {
+		t.Run(mode.name, func(t *testing.T) {
+			ctx := context.Background()
+			opt, err := redis.ParseURL(testenv.RedisURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			const fp = "lost-reply-fingerprint"
+			proxy := startFaultProxy(t, opt.Addr, fp, mode.mode)
+			prefix := testenv.Name()
+			reader := newStoreOn(t, newClient(t, -1), prefix)
+			// The claim script is loaded by a client that gets its replies,
+			// so that the lossy one sends EVALSHA and never EVAL.
+			if _, err := reader.Claim(ctx, claimParams("t", "warm-up", "fp", 1)); err != nil {
+				t.Fatal(err)
+			}
+			lossyOpt := *opt
+			lossyOpt.Addr = proxy.addr
+			// go-redis's default resends stay on: the claim must not use them.
+			lossyOpt.ReadTimeout, lossyOpt.PoolSize = 200*time.Millisecond, 64
+			lossy := redis.NewClient(&lossyOpt)
+			t.Cleanup(func() { _ = lossy.Close() })
+			engine, err := idem.NewEngine(newUniversalStore(t, lossy, prefix), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			const n = 20
+			errs := make([]error, n)
+			atonce.Run(n, func(i int) {
+				_, errs[i] = engine.Do(ctx, idem.Operation{Tenant: "t", Key: fmt.Sprint("lost-", i), Fingerprint: []byte(fp)},
+					func(context.Context) (idem.Result, error) {
+						return idem.Result{Status: 201}, nil
+					})
+			})
+			for i, err := range errs {
+				if !errors.Is(err, idem.ErrStore) || errors.Is(err, idem.ErrNotApplied) {
+					t.Fatalf("claim %d whose reply was lost: %v, want a store error not marked ErrNotApplied", i, err)
+				}
+			}
+			if got := proxy.marked.Load(); got != n {
+				t.Fatalf("%d claims reached the server for %d calls, want one each", got, n)
+			}
+			for i := range n {
+				key := fmt.Sprint("lost-", i)
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+					rec, err := reader.Get(ctx, "t", key)
+					if errors.Is(err, idem.ErrNotFound) {
+						break
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("%s still held (%s) under token %d after its claim failed", key, rec.State, rec.LeaseToken)
+					}
+				}
+			}
+			proxy.setMode(pass)
+			if err := engine.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestCleanupOutlastsClientTimeouts: a client's read and write timeouts
+// are far too short for any reply (1µs: go-redis gives the write the read
+// timeout), yet releases, extensions and completions sent with a context
+// that allows more time land and report what they did.
+func TestCleanupOutlastsClientTimeouts(t *testing.T) {
 	opt, err := redis.ParseURL(testenv.RedisURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Every reply arrives too late; no resend, which would hide the loss.
 	opt.ReadTimeout, opt.MaxRetries = time.Microsecond, -1
 	impatient := redis.NewClient(opt)
 	t.Cleanup(func() { _ = impatient.Close() })
-	checker := newClient(t, -1)
 	prefix := testenv.Name()
-	lossy := &Store{client: impatient, prefix: prefix}
-	reader := newStoreOn(t, checker, prefix)
-	// The scripts are loaded by a client that waits, so that the lossy one
-	// sends EVALSHA and never has to fall back.
-	if _, err := reader.Claim(context.Background(), claimParams("t", "warm-up", "fp", 1)); err != nil {
-		t.Fatal(err)
-	}
-
-	engine, err := idem.NewEngine(lossy, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lost := 0
+	reader := newStoreOn(t, newClient(t, -1), prefix)
+	s := &Store{client: impatient, prefix: prefix}
 	for i := range 20 {
-		key := "lost-" + string(rune('a'+i))
-		_, err := engine.Do(context.Background(), idem.Operation{Tenant: "t", Key: key, Fingerprint: []byte("fp")}, func(context.Context) (idem.Result, error) {
-			return idem.Result{Status: 201}, nil
-		})
-		if err == nil {
-			continue // the reply made it after all
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		key := fmt.Sprint("k", i)
+		for _, k := range []string{key + "-released", key + "-completed"} {
+			if r, err := reader.Claim(ctx, claimParams("t", k, "fp", int64(i+1))); err != nil || !r.Won {
+				t.Fatalf("claim: %+v %v", r, err)
+			}
 		}
-		lost++
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			rec, err := reader.Get(context.Background(), "t", key)
-			if errors.Is(err, idem.ErrNotFound) || err == nil && rec.State != idem.StateInFlight {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s still held (%s) under token %d after its claim failed", key, rec.State, rec.LeaseToken)
-			}
-			time.Sleep(10 * time.Millisecond)
+		if err := s.Extend(ctx, idem.ExtendParams{Tenant: "t", Key: key + "-completed", Token: int64(i + 1), Lease: time.Minute}); err != nil {
+			t.Fatalf("extend %d through a client whose replies time out: %v", i, err)
 		}
-	}
-	if lost == 0 {
-		t.Fatal("no reply was lost: the test proved nothing")
+		unit, _ := s.Begin(ctx)
+		if err := unit.Complete(ctx, idem.CompleteParams{Tenant: "t", Key: key + "-completed", Token: int64(i + 1), Result: idem.Result{Status: 201}}); err != nil {
+			t.Fatalf("complete %d through a client whose replies time out: %v", i, err)
+		}
+		if err := s.Release(ctx, idem.ReleaseParams{Tenant: "t", Key: key + "-released", Token: int64(i + 1)}); err != nil {
+			t.Fatalf("release %d through a client whose replies time out: %v", i, err)
+		}
+		cancel()
+		if _, err := reader.Get(context.Background(), "t", key+"-released"); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("released key %d: %v, want gone", i, err)
+		}
+		if rec, err := reader.Get(context.Background(), "t", key+"-completed"); err != nil || rec.State != idem.StateComplete {
+			t.Fatalf("completed key %d: %+v %v", i, rec, err)
+		}
 	}
 }

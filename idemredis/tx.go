@@ -37,7 +37,7 @@ func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 	if err != nil {
 		return fmt.Errorf("idemredis: complete: %w", err)
 	}
-	ok, err := completeScript.Run(ctx, t.s.client, []string{t.s.key(p.Tenant, p.Key)},
+	ok, err := t.s.sendPatiently(ctx, completeScript, t.s.key(p.Tenant, p.Key),
 		strconv.FormatInt(p.Token, 10), p.Result.Mode.String(), p.Result.Status,
 		header, p.Result.Body, p.Result.Reference,
 		strconv.FormatUint(rand.Uint64(), 10)).Int()
