@@ -63,11 +63,17 @@ func (f *fullServer) now(t *testing.T) time.Time {
 	return now
 }
 
+// store returns a store on the server whose completions are sent once:
+// the tests look at what a refusal does.
 func (f *fullServer) store(t *testing.T) *Store {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: f.addr, PoolSize: 64})
 	t.Cleanup(func() { _ = c.Close() })
-	return newUniversalStore(t, c, "idem")
+	s, err := New(context.Background(), c, &Config{CompleteRetry: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // isRefusedClaim reports whether err is the engine's answer to a claim

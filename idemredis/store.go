@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/redis/go-redis/v9"
@@ -36,14 +37,28 @@ type Config struct {
 	// a server may evict records (see New) or when its policy cannot be
 	// read. Defaults to false.
 	RequireNoEviction bool
+
+	// CompleteRetry is how long a completion keeps resending itself while
+	// Redis cannot be reached or its reply is lost (a restart, a
+	// failover, a full server before Redis 7). The handler has run by
+	// then: an answer never stored leaves the key in flight until its
+	// lease ends, and the next retry then runs the handler again. A
+	// deadline on the context given to the engine ends it sooner.
+	// Defaults to 5s; negative means one attempt (and go-redis's own
+	// resends).
+	CompleteRetry time.Duration
 }
+
+// DefaultCompleteRetry is Config.CompleteRetry's default.
+const DefaultCompleteRetry = 5 * time.Second
 
 // Store is an idem.Store on Redis. It is safe for concurrent use; create it
 // with New.
 type Store struct {
-	client redis.UniversalClient
-	prefix string
-	plain  atomic.Bool // a server refused the flagged scripts (see eval)
+	client        redis.UniversalClient
+	prefix        string
+	completeRetry time.Duration
+	plain         atomic.Bool // a server refused the flagged scripts (see eval)
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -82,10 +97,13 @@ func New(ctx context.Context, client redis.UniversalClient, config *Config) (*St
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.CompleteRetry == 0 {
+		cfg.CompleteRetry = DefaultCompleteRetry
+	}
 	if err := reportEviction(ctx, client, &cfg, cfg.Logger); err != nil {
 		return nil, err
 	}
-	return &Store{client: client, prefix: cfg.Prefix}, nil
+	return &Store{client: client, prefix: cfg.Prefix, completeRetry: cfg.CompleteRetry}, nil
 }
 
 func (s *Store) key(tenant, key string) string { return recordKey(s.prefix, tenant, key) }

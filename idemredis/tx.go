@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"time"
 
 	"github.com/idem-go/idem"
 )
@@ -27,8 +28,11 @@ func (t tx) Rollback(ctx context.Context) error { return nil }
 // Complete stores the result in one Lua script, fenced by the token: it
 // returns idem.ErrLeaseLost when the record is gone (expired, released,
 // flushed), held under another token, or already complete. Each call
-// draws a completion id, so that a resend of this very call by go-redis
-// is told apart from a second call (see scripts.go).
+// draws a completion id, so that a resend of this very call is told apart
+// from a second call (see scripts.go). When the script fails (Redis
+// unreachable, the reply lost, a refusal), Complete sends it again, with
+// the same id, until it is answered, ctx ends or Config.CompleteRetry has
+// passed.
 func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 	if _, known := modeNames[p.Result.Mode.String()]; !known {
 		return fmt.Errorf("idemredis: complete: unknown storage mode %d", p.Result.Mode)
@@ -37,15 +41,38 @@ func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 	if err != nil {
 		return fmt.Errorf("idemredis: complete: %w", err)
 	}
-	ok, err := t.s.sendPatiently(ctx, completeScript, t.s.key(p.Tenant, p.Key),
-		strconv.FormatInt(p.Token, 10), p.Result.Mode.String(), p.Result.Status,
+	key := t.s.key(p.Tenant, p.Key)
+	args := []any{strconv.FormatInt(p.Token, 10), p.Result.Mode.String(), p.Result.Status,
 		header, p.Result.Body, p.Result.Reference,
-		strconv.FormatUint(rand.Uint64(), 10)).Int()
-	if err != nil {
-		return fmt.Errorf("idemredis: complete: %w", err)
+		strconv.FormatUint(rand.Uint64(), 10)}
+	var giveUp time.Time
+	attempts := 0
+	for pause := 20 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+		attempts++
+		ok, err := t.s.sendPatiently(ctx, completeScript, key, args...).Int()
+		if err == nil {
+			if ok != 1 {
+				return idem.ErrLeaseLost
+			}
+			return nil
+		}
+		if attempts == 1 {
+			giveUp = time.Now().Add(t.s.completeRetry)
+		}
+		if time.Now().Add(pause).After(giveUp) || !sleep(ctx, pause) {
+			return fmt.Errorf("idemredis: complete (%d attempts): %w", attempts, err)
+		}
 	}
-	if ok != 1 {
-		return idem.ErrLeaseLost
+}
+
+// sleep waits for d, and reports false if ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
-	return nil
 }
