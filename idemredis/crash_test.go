@@ -190,7 +190,7 @@ func runCrashes(t *testing.T, rng *rand.Rand, args []string) crashResult {
 		t.Cleanup(func() { _ = c.Close() })
 		// Completions resend themselves for half a second: the short
 		// outages below end within it, the long ones outlast it.
-		s, err := New(ctx, c, &Config{CompleteRetry: 500 * time.Millisecond})
+		s, err := New(ctx, c, &Config{CompleteTimeout: 500 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -389,7 +389,7 @@ func TestCompletionOutlastsOutage(t *testing.T) {
 			client.AddHook(failed)
 			// A bound far beyond a restart's length: it only ends a test
 			// that fails.
-			s, err := New(ctx, client, &Config{CompleteRetry: time.Minute})
+			s, err := New(ctx, client, &Config{CompleteTimeout: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}

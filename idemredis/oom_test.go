@@ -69,7 +69,7 @@ func (f *fullServer) store(t *testing.T) *Store {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: f.addr, PoolSize: 64})
 	t.Cleanup(func() { _ = c.Close() })
-	s, err := New(context.Background(), c, &Config{CompleteRetry: -1})
+	s, err := New(context.Background(), c, &Config{CompleteTimeout: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +303,9 @@ func TestRefusedCompletionKeepsKey(t *testing.T) {
 			f := startFullServer(t)
 			s := f.store(t)
 			s.plain.Store(c.plain)
-			const lease = 2 * time.Second
+			// Long enough that the first retry, sent at once, meets the lease
+			// however slow the machine.
+			const lease = 5 * time.Second
 			e, err := idem.NewEngine(s, &idem.Config{Lease: lease, Heartbeat: -1, Logger: new(logBuffer).logger()})
 			if err != nil {
 				t.Fatal(err)

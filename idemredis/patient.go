@@ -10,15 +10,16 @@ import (
 // A client's read and write timeouts are the application's choice for its
 // request path: a claim keeps them, and fails fast (503) when Redis is
 // slow. The calls that end an execution are different: a release, an
-// extension, a completion. The engine sends them on contexts of their
-// own, bounded by idem.Config.CleanupTimeout (releases after a failed
-// claim: a few seconds each), often after the request has failed or its
-// caller has gone. Cut short by a timeout shorter than that, a write is a
-// release or a completion never sent, which leaves the key held until its
-// lease ends (and, once the lease ends, a completion never sent lets a
-// retry run the handler again); a reply cut short reports a failure for a
-// call that did take effect. So these calls wait as long as their context
-// allows.
+// extension, a completion. The engine sends releases and extensions on
+// contexts of their own, bounded by idem.Config.CleanupTimeout (releases
+// after a failed claim: a few seconds each) and by the heartbeat, often
+// after the request has failed or its caller has gone; a completion has
+// Config.CompleteTimeout. Cut short by a timeout shorter than that, a
+// write is a release or a completion never sent, which leaves the key
+// held until its lease ends (and, once the lease ends, a completion never
+// sent lets a retry run the handler again); a reply cut short reports a
+// failure for a call that did take effect. So these calls wait as long as
+// their context allows.
 
 // sendPatiently runs sc on key, with the client's timeouts stretched to
 // ctx's deadline (see patient).

@@ -137,3 +137,22 @@ func TestServerWithoutScriptFlags(t *testing.T) {
 		t.Fatalf("unknown flag: %v (plain=%v), want an error that is not taken for an old server", err, other.plain.Load())
 	}
 }
+
+// TestCompleteOutlivesItsCaller: the handler has run, so its answer is
+// stored even when the caller's context has already ended.
+func TestCompleteOutlivesItsCaller(t *testing.T) {
+	s := newStore(t)
+	s.completeTimeout = DefaultCompleteTimeout
+	if r, err := s.Claim(context.Background(), claimParams("t", "k", "fp", 7)); err != nil || !r.Won {
+		t.Fatalf("claim: %+v %v", r, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	unit, _ := s.Begin(context.Background())
+	if err := unit.Complete(ctx, idem.CompleteParams{Tenant: "t", Key: "k", Token: 7, Result: idem.Result{Status: 201}}); err != nil {
+		t.Fatalf("Complete whose caller is gone: %v", err)
+	}
+	if rec, err := s.Get(context.Background(), "t", "k"); err != nil || rec.State != idem.StateComplete {
+		t.Fatalf("record: %+v %v, want complete", rec, err)
+	}
+}

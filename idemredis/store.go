@@ -38,27 +38,30 @@ type Config struct {
 	// read. Defaults to false.
 	RequireNoEviction bool
 
-	// CompleteRetry is how long a completion keeps resending itself while
-	// Redis cannot be reached or its reply is lost (a restart, a
-	// failover, a full server before Redis 7). The handler has run by
-	// then: an answer never stored leaves the key in flight until its
-	// lease ends, and the next retry then runs the handler again. A
-	// deadline on the context given to the engine ends it sooner.
-	// Defaults to 5s; negative means one attempt (and go-redis's own
-	// resends).
-	CompleteRetry time.Duration
+	// CompleteTimeout bounds the completion of a handler's answer,
+	// resends included. The handler has run by then, so its answer is
+	// stored whatever becomes of its caller (the end of the context given
+	// to the engine, and its deadline, are ignored), and while Redis
+	// cannot be reached, its reply is lost or it refuses the write (a
+	// restart, a failover, a full server before Redis 7), the completion
+	// is sent again, under the same completion id, until this much time
+	// has passed. An answer never stored leaves the key in flight until
+	// its lease ends, and the next retry then runs the handler again.
+	// Defaults to 5s; negative means a single attempt on the caller's
+	// context.
+	CompleteTimeout time.Duration
 }
 
-// DefaultCompleteRetry is Config.CompleteRetry's default.
-const DefaultCompleteRetry = 5 * time.Second
+// DefaultCompleteTimeout is Config.CompleteTimeout's default.
+const DefaultCompleteTimeout = 5 * time.Second
 
 // Store is an idem.Store on Redis. It is safe for concurrent use; create it
 // with New.
 type Store struct {
-	client        redis.UniversalClient
-	prefix        string
-	completeRetry time.Duration
-	plain         atomic.Bool // a server refused the flagged scripts (see eval)
+	client          redis.UniversalClient
+	prefix          string
+	completeTimeout time.Duration
+	plain           atomic.Bool // a server refused the flagged scripts (see eval)
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -97,13 +100,13 @@ func New(ctx context.Context, client redis.UniversalClient, config *Config) (*St
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.CompleteRetry == 0 {
-		cfg.CompleteRetry = DefaultCompleteRetry
+	if cfg.CompleteTimeout == 0 {
+		cfg.CompleteTimeout = DefaultCompleteTimeout
 	}
 	if err := reportEviction(ctx, client, &cfg, cfg.Logger); err != nil {
 		return nil, err
 	}
-	return &Store{client: client, prefix: cfg.Prefix, completeRetry: cfg.CompleteRetry}, nil
+	return &Store{client: client, prefix: cfg.Prefix, completeTimeout: cfg.CompleteTimeout}, nil
 }
 
 func (s *Store) key(tenant, key string) string { return recordKey(s.prefix, tenant, key) }

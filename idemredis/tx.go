@@ -31,8 +31,7 @@ func (t tx) Rollback(ctx context.Context) error { return nil }
 // draws a completion id, so that a resend of this very call is told apart
 // from a second call (see scripts.go). When the script fails (Redis
 // unreachable, the reply lost, a refusal), Complete sends it again, with
-// the same id, until it is answered, ctx ends or Config.CompleteRetry has
-// passed.
+// the same id, until it is answered or Config.CompleteTimeout has passed.
 func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 	if _, known := modeNames[p.Result.Mode.String()]; !known {
 		return fmt.Errorf("idemredis: complete: unknown storage mode %d", p.Result.Mode)
@@ -41,14 +40,19 @@ func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 	if err != nil {
 		return fmt.Errorf("idemredis: complete: %w", err)
 	}
+	once := t.s.completeTimeout < 0
+	if !once {
+		// The handler has run: its answer is stored whatever its caller
+		// does meanwhile.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), t.s.completeTimeout)
+		defer cancel()
+	}
 	key := t.s.key(p.Tenant, p.Key)
 	args := []any{strconv.FormatInt(p.Token, 10), p.Result.Mode.String(), p.Result.Status,
 		header, p.Result.Body, p.Result.Reference,
 		strconv.FormatUint(rand.Uint64(), 10)}
-	var giveUp time.Time
-	attempts := 0
-	for pause := 20 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
-		attempts++
+	for attempts, pause := 1, 20*time.Millisecond; ; attempts, pause = attempts+1, min(2*pause, 500*time.Millisecond) {
 		ok, err := t.s.sendPatiently(ctx, completeScript, key, args...).Int()
 		if err == nil {
 			if ok != 1 {
@@ -56,17 +60,18 @@ func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 			}
 			return nil
 		}
-		if attempts == 1 {
-			giveUp = time.Now().Add(t.s.completeRetry)
-		}
-		if time.Now().Add(pause).After(giveUp) || !sleep(ctx, pause) {
+		if once || !pauseWithin(ctx, pause) {
 			return fmt.Errorf("idemredis: complete (%d attempts): %w", attempts, err)
 		}
 	}
 }
 
-// sleep waits for d, and reports false if ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
+// pauseWithin waits for d, and reports false, at once, when ctx would end
+// first.
+func pauseWithin(ctx context.Context, d time.Duration) bool {
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d {
+		return false
+	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
