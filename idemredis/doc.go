@@ -120,11 +120,9 @@
 // may have run: the store marks it idem.ErrNotApplied only when the
 // server refused it or never received it whole; otherwise (a lost reply,
 // a connection cut after sending) the engine releases the key, fenced by
-// the token. Releases and extensions wait as long as their context
-// allows, even past the client's read and write timeouts. A completion,
-// whatever becomes of its caller, waits and resends itself, under the
-// same completion id, for up to Config.CompleteTimeout. go-redis may
-// resend the other scripts too: each
-// is written so that a resent command has the effect of the first one (a
-// resent completion still succeeds), while a second call is refused.
+// the token. A completion, whatever becomes of its caller, resends
+// itself, under the same completion id, for up to Config.CompleteTimeout.
+// go-redis may resend the other scripts too: each is written so that a
+// resent command has the effect of the first one (a resent completion
+// still succeeds), while a second call is refused.
 package idemredis

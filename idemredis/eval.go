@@ -56,6 +56,12 @@ type sendOnce struct{ *redis.Cmd }
 // answers without running it.
 func (sendOnce) NoRetry() bool { return true }
 
+// run runs sc on key with args, through the store's client, with
+// go-redis's resends.
+func (s *Store) run(ctx context.Context, sc *script, key string, args ...any) *redis.Cmd {
+	return s.eval(ctx, s.client, sc, false, []string{key}, args...)
+}
+
 // eval runs sc on c with keys and args: EVALSHA, then EVAL when the
 // server does not have the script (NOSCRIPT). The flagged form is sent
 // until a server refuses it as a syntax error (before Redis 7); from then

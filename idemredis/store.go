@@ -155,7 +155,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 
 // Extend implements idem.Store in one Lua script fenced by the token.
 func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
-	ok, err := s.sendPatiently(ctx, extendScript, s.key(p.Tenant, p.Key),
+	ok, err := s.run(ctx, extendScript, s.key(p.Tenant, p.Key),
 		strconv.FormatInt(p.Token, 10), p.Lease.Microseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("idemredis: extend: %w", err)
@@ -168,7 +168,7 @@ func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
 
 // Release implements idem.Store in one Lua script fenced by the token.
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
-	if err := s.sendPatiently(ctx, releaseScript, s.key(p.Tenant, p.Key),
+	if err := s.run(ctx, releaseScript, s.key(p.Tenant, p.Key),
 		strconv.FormatInt(p.Token, 10)).Err(); err != nil {
 		return fmt.Errorf("idemredis: release: %w", err)
 	}

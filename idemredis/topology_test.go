@@ -258,53 +258,6 @@ func TestCluster(t *testing.T) {
 			}
 		}
 	})
-
-	t.Run("clean-up outlasts the client's timeouts", func(t *testing.T) { testClusterCleanup(t, addrs) })
-}
-
-// testClusterCleanup: releases, extensions and completions through a
-// Cluster client whose read and write timeouts are far too short for any
-// reply land and report what they did, when their context allows more
-// time (see patient).
-func testClusterCleanup(t *testing.T, addrs []string) {
-	ctx := context.Background()
-	impatient := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ReadTimeout: time.Microsecond, MaxRetries: -1})
-	t.Cleanup(func() { _ = impatient.Close() })
-	// The slot map, read through the same timeouts, loads once in a
-	// while; once loaded it is kept.
-	eventuallyRedis(t, "the impatient client's slot map", func() error {
-		_, err := impatient.MasterForKey(ctx, "k")
-		return err
-	})
-	prefix := testenv.Name()
-	reader := newUniversalStore(t, newClusterClient(t, addrs), prefix)
-	s := newUniversalStore(t, impatient, prefix)
-	for i := range 20 {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		key := "k" + strconv.Itoa(i)
-		for _, k := range []string{key + "-released", key + "-completed"} {
-			if r, err := reader.Claim(ctx, claimParams("t", k, "fp", int64(i+1))); err != nil || !r.Won {
-				t.Fatalf("claim: %+v %v", r, err)
-			}
-		}
-		if err := s.Extend(ctx, idem.ExtendParams{Tenant: "t", Key: key + "-completed", Token: int64(i + 1), Lease: time.Minute}); err != nil {
-			t.Fatalf("extend %d: %v", i, err)
-		}
-		unit, _ := s.Begin(ctx)
-		if err := unit.Complete(ctx, idem.CompleteParams{Tenant: "t", Key: key + "-completed", Token: int64(i + 1), Result: idem.Result{Status: 201}}); err != nil {
-			t.Fatalf("complete %d: %v", i, err)
-		}
-		if err := s.Release(ctx, idem.ReleaseParams{Tenant: "t", Key: key + "-released", Token: int64(i + 1)}); err != nil {
-			t.Fatalf("release %d: %v", i, err)
-		}
-		cancel()
-		if _, err := reader.Get(context.Background(), "t", key+"-released"); !errors.Is(err, idem.ErrNotFound) {
-			t.Fatalf("released key %d: %v, want gone", i, err)
-		}
-		if rec, err := reader.Get(context.Background(), "t", key+"-completed"); err != nil || rec.State != idem.StateComplete {
-			t.Fatalf("completed key %d: %+v %v", i, rec, err)
-		}
-	}
 }
 
 // TestClusterDuplicatesAtOnce: 50 engines, half on one cluster client and

@@ -53,7 +53,7 @@ func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 		header, p.Result.Body, p.Result.Reference,
 		strconv.FormatUint(rand.Uint64(), 10)}
 	for attempts, pause := 1, 20*time.Millisecond; ; attempts, pause = attempts+1, min(2*pause, 500*time.Millisecond) {
-		ok, err := t.s.sendPatiently(ctx, completeScript, key, args...).Int()
+		ok, err := t.s.run(ctx, completeScript, key, args...).Int()
 		if err == nil {
 			if ok != 1 {
 				return idem.ErrLeaseLost
