@@ -42,11 +42,6 @@ func newScript(flags, body string) *script {
 	return &script{flagged: newSource("#!lua flags=" + flags + "\n" + body), plain: plain}
 }
 
-// processor is what eval needs of a client: every go-redis client has it.
-type processor interface {
-	Process(ctx context.Context, cmd redis.Cmder) error
-}
-
 // sendOnce is an EVALSHA or EVAL that go-redis must not resend: its
 // error is the only attempt's (see Store.Claim).
 type sendOnce struct{ *redis.Cmd }
@@ -59,32 +54,32 @@ func (sendOnce) NoRetry() bool { return true }
 // run runs sc on key with args, through the store's client, with
 // go-redis's resends.
 func (s *Store) run(ctx context.Context, sc *script, key string, args ...any) *redis.Cmd {
-	return s.eval(ctx, s.client, sc, false, []string{key}, args...)
+	return s.eval(ctx, sc, false, []string{key}, args...)
 }
 
-// eval runs sc on c with keys and args: EVALSHA, then EVAL when the
+// eval runs sc with keys and args: EVALSHA, then EVAL when the
 // server does not have the script (NOSCRIPT). The flagged form is sent
 // until a server refuses it as a syntax error (before Redis 7); from then
 // on the store sends the plain forms. once sends each command a single
 // time, without go-redis's resends.
-func (s *Store) eval(ctx context.Context, c processor, sc *script, once bool, keys []string, args ...any) *redis.Cmd {
+func (s *Store) eval(ctx context.Context, sc *script, once bool, keys []string, args ...any) *redis.Cmd {
 	plain := s.plain.Load() || sc.flagged.sha == sc.plain.sha
 	src := sc.flagged
 	if plain {
 		src = sc.plain
 	}
-	cmd := send(ctx, c, "evalsha", src.sha, once, keys, args)
+	cmd := s.send(ctx, "evalsha", src.sha, once, keys, args)
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd = send(ctx, c, "eval", src.text, once, keys, args)
+		cmd = s.send(ctx, "eval", src.text, once, keys, args)
 	}
 	if !plain && shebangUnknown(cmd.Err()) {
 		s.plain.Store(true)
-		return s.eval(ctx, c, sc, once, keys, args...)
+		return s.eval(ctx, sc, once, keys, args...)
 	}
 	return cmd
 }
 
-func send(ctx context.Context, c processor, name, payload string, once bool, keys []string, args []any) *redis.Cmd {
+func (s *Store) send(ctx context.Context, name, payload string, once bool, keys []string, args []any) *redis.Cmd {
 	all := make([]any, 0, 3+len(keys)+len(args))
 	all = append(all, name, payload, len(keys))
 	for _, k := range keys {
@@ -94,9 +89,9 @@ func send(ctx context.Context, c processor, name, payload string, once bool, key
 	cmd := redis.NewCmd(ctx, all...)
 	cmd.SetFirstKeyPos(3) // the slot of a Cluster is the key's
 	if once {
-		_ = c.Process(ctx, sendOnce{cmd})
+		_ = s.client.Process(ctx, sendOnce{cmd})
 	} else {
-		_ = c.Process(ctx, cmd)
+		_ = s.client.Process(ctx, cmd)
 	}
 	return cmd
 }

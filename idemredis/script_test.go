@@ -85,7 +85,7 @@ func TestScriptsSurviveResend(t *testing.T) {
 	key := []string{s.key("t", "k")}
 	args := []any{"7", "response", 201, "", "body", "", "completion-1"}
 	for i := range 2 {
-		if ok, err := s.eval(ctx, s.client, completeScript, false, key, args...).Int(); err != nil || ok != 1 {
+		if ok, err := s.eval(ctx, completeScript, false, key, args...).Int(); err != nil || ok != 1 {
 			t.Fatalf("complete run %d: %d %v", i+1, ok, err)
 		}
 	}
@@ -116,14 +116,14 @@ func TestServerWithoutScriptFlags(t *testing.T) {
 	body := "return redis.call('INCR', KEYS[1])"
 	sc := &script{flagged: newSource("#x\n" + body), plain: newSource(body)}
 	key := s.key("t", "counter")
-	err := s.eval(ctx, s.client, &script{flagged: sc.flagged, plain: sc.flagged}, false, []string{key}).Err()
+	err := s.eval(ctx, &script{flagged: sc.flagged, plain: sc.flagged}, false, []string{key}).Err()
 	if !shebangUnknown(err) {
 		t.Fatalf("a script starting with '#': %v, want the compile error shebangUnknown recognizes", err)
 	}
 	if s.plain.Load() {
 		t.Fatal("a script without a plain form switched the store to plain scripts")
 	}
-	n, err := s.eval(ctx, s.client, sc, false, []string{key}).Int()
+	n, err := s.eval(ctx, sc, false, []string{key}).Int()
 	if err != nil || n != 1 {
 		t.Fatalf("script after the fallback: %d %v, want 1 (run once)", n, err)
 	}
@@ -132,7 +132,7 @@ func TestServerWithoutScriptFlags(t *testing.T) {
 	}
 	// Flags this server does not know are another error: no fallback.
 	other := newStore(t)
-	err = other.eval(ctx, other.client, newScript("no-such-flag", body), false, []string{key}).Err()
+	err = other.eval(ctx, newScript("no-such-flag", body), false, []string{key}).Err()
 	if err == nil || shebangUnknown(err) || other.plain.Load() {
 		t.Fatalf("unknown flag: %v (plain=%v), want an error that is not taken for an old server", err, other.plain.Load())
 	}

@@ -121,7 +121,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	// whether it may have run: a resend can meet a refusal (a replica
 	// after a failover, a full server) after a first attempt that ran and
 	// whose reply was lost.
-	reply, err := s.eval(ctx, s.client, claimScript, true, []string{s.key(p.Tenant, p.Key)},
+	reply, err := s.eval(ctx, claimScript, true, []string{s.key(p.Tenant, p.Key)},
 		p.Tenant, p.Key, p.Fingerprint, strconv.FormatInt(p.Token, 10),
 		p.Lease.Microseconds(), p.Retention.Microseconds()).Slice()
 	if err != nil {
