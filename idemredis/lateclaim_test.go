@@ -44,7 +44,9 @@ func TestClaimWithLostReplyReleases(t *testing.T) {
 			lossyOpt := *opt
 			lossyOpt.Addr = proxy.addr
 			// go-redis's default resends stay on: the claim must not use them.
-			lossyOpt.ReadTimeout, lossyOpt.PoolSize = 200*time.Millisecond, 64
+			// Long enough for a handshake on a busy machine: the replies it
+			// waits for in vain are the claims'.
+			lossyOpt.ReadTimeout, lossyOpt.PoolSize = 2*time.Second, 64
 			lossy := redis.NewClient(&lossyOpt)
 			t.Cleanup(func() { _ = lossy.Close() })
 			const n = 20
