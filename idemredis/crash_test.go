@@ -24,6 +24,10 @@ import (
 var (
 	crashes   = flag.Int("idemredis.crashes", 3, "SIGKILLs of Redis per persistence mode in TestRedisCrash")
 	crashSeed = flag.Uint64("idemredis.crashseed", 0, "seed of TestRedisCrash's random moments; 0 draws one (logged)")
+	// Half the outages of TestRedisCrash last 1 to 3s: with these
+	// defaults they outlast the lease and the completions' resends.
+	crashLease           = flag.Duration("idemredis.crashlease", time.Second, "the lease of TestRedisCrash's engines")
+	crashCompleteTimeout = flag.Duration("idemredis.crashcompletetimeout", 500*time.Millisecond, "Config.CompleteTimeout of TestRedisCrash's stores")
 )
 
 // killableRedis is a private redis-server that a test kills with SIGKILL
@@ -109,7 +113,24 @@ type keyLog struct {
 // execLog is one execution of a handler and what its Do returned.
 type execLog struct {
 	body  string
-	acked bool // its Do returned its answer, fresh: the caller got it
+	acked bool   // its Do returned its answer, fresh: the caller got it
+	ended string // otherwise, how its Do ended (see failure)
+}
+
+// failure names how the Do of an execution whose answer was not
+// acknowledged ended.
+func failure(err error) string {
+	var se *idem.StoreError
+	switch {
+	case errors.Is(err, idem.ErrLeaseLost):
+		// Another execution held the key, or none did: the record was
+		// taken over once the lease ended, or forgotten by the restart.
+		return "lease lost"
+	case errors.As(err, &se):
+		return "store " + se.Op + " failed"
+	default:
+		return fmt.Sprint(err)
+	}
 }
 
 func (l *crashLog) key(key string) *keyLog {
@@ -124,16 +145,17 @@ func (l *crashLog) key(key string) *keyLog {
 // crashResult sums up a crashLog.
 type crashResult struct {
 	operations, acked int
-	lostAcked         int // acknowledged answers that a later call did not replay
-	duplicates        int // keys whose handler ran more than once
-	dupAfterAck       int // of which a second execution followed an acknowledged answer
-	overlaps          int // keys whose handlers ran at the same time
-	stuck             int // keys refused as in flight beyond their lease
+	lostAcked         int            // acknowledged answers that a later call did not replay
+	duplicates        int            // keys whose handler ran more than once
+	dupAfterAck       int            // of which a second execution followed an acknowledged answer
+	dupBefore         map[string]int // the others, by how the first execution's Do ended
+	overlaps          int            // keys whose handlers ran at the same time
+	stuck             int            // keys refused as in flight beyond their lease
 }
 
 func (r crashResult) String() string {
-	return fmt.Sprintf("%d operations, %d acknowledged; %d acknowledged answers lost; %d keys ran twice or more (%d after an acknowledged answer, %d because the completion never landed); %d ran two handlers at once; %d stuck beyond their lease",
-		r.operations, r.acked, r.lostAcked, r.duplicates, r.dupAfterAck, r.duplicates-r.dupAfterAck, r.overlaps, r.stuck)
+	return fmt.Sprintf("%d operations, %d acknowledged; %d acknowledged answers lost; %d keys ran twice or more (%d after an acknowledged answer, %d before any was: %v); %d ran two handlers at once; %d stuck beyond their lease",
+		r.operations, r.acked, r.lostAcked, r.duplicates, r.dupAfterAck, r.duplicates-r.dupAfterAck, r.dupBefore, r.overlaps, r.stuck)
 }
 
 // TestRedisCrash kills a private Redis with SIGKILL at random moments
@@ -169,7 +191,7 @@ func TestRedisCrash(t *testing.T) {
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			res := runCrashes(t, rand.New(rand.NewPCG(seed, uint64(len(mode.name)))), mode.args)
-			t.Logf("%s, %d kills: %v", mode.name, *crashes, res)
+			t.Logf("%s, %d kills, lease %v, CompleteTimeout %v: %v", mode.name, *crashes, *crashLease, *crashCompleteTimeout, res)
 			if res.stuck != 0 {
 				t.Errorf("%d keys stuck beyond their lease", res.stuck)
 			}
@@ -183,14 +205,12 @@ func TestRedisCrash(t *testing.T) {
 func runCrashes(t *testing.T, rng *rand.Rand, args []string) crashResult {
 	ctx := context.Background()
 	srv := startKillableRedis(t, args...)
-	const lease = time.Second
+	lease := *crashLease
 	var engines [2]*idem.Engine
 	for i := range engines {
 		c := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 32, DialTimeout: time.Second})
 		t.Cleanup(func() { _ = c.Close() })
-		// Completions resend themselves for half a second: the short
-		// outages below end within it, the long ones outlast it.
-		s, err := New(ctx, c, &Config{CompleteTimeout: 500 * time.Millisecond})
+		s, err := New(ctx, c, &Config{CompleteTimeout: *crashCompleteTimeout})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,11 +222,14 @@ func runCrashes(t *testing.T, rng *rand.Rand, args []string) crashResult {
 		engines[i] = e
 	}
 	log := &crashLog{keys: map[string]*keyLog{}}
-	handler := func(key string) func(context.Context) (idem.Result, error) {
+	// handler is one call's handler for key; it leaves its execution in
+	// *ran.
+	handler := func(key string, ran **execLog) func(context.Context) (idem.Result, error) {
 		return func(context.Context) (idem.Result, error) {
 			log.mu.Lock()
 			k := log.key(key)
 			x := &execLog{body: fmt.Sprintf("%s#%d", key, len(k.executions)+1)}
+			*ran = x
 			k.executions = append(k.executions, x)
 			k.running++
 			if k.running > 1 {
@@ -228,7 +251,13 @@ func runCrashes(t *testing.T, rng *rand.Rand, args []string) crashResult {
 		op := idem.Operation{Tenant: "t", Key: key, Fingerprint: []byte("fp")}
 		var inFlightSince time.Time
 		for {
-			out, err := engine.Do(ctx, op, handler(key))
+			var ran *execLog
+			out, err := engine.Do(ctx, op, handler(key, &ran))
+			if err != nil && ran != nil {
+				log.mu.Lock()
+				ran.ended = failure(err)
+				log.mu.Unlock()
+			}
 			if err == nil {
 				log.mu.Lock()
 				k := log.key(key)
@@ -296,8 +325,9 @@ func runCrashes(t *testing.T, rng *rand.Rand, args []string) crashResult {
 	for i := range *crashes {
 		time.Sleep(time.Duration(50+rng.IntN(400)) * time.Millisecond)
 		srv.kill()
-		// Every other outage outlasts the completions' resends (and
-		// go-redis's own), so that some completions never land.
+		// Every other outage outlasts the completions' resends (with the
+		// default -idemredis.crashcompletetimeout) and go-redis's own, so
+		// that some completions never land.
 		down := time.Duration(rng.IntN(200)) * time.Millisecond
 		if i%2 == 1 {
 			down = time.Second + time.Duration(rng.IntN(2000))*time.Millisecond
@@ -328,7 +358,7 @@ func runCrashes(t *testing.T, rng *rand.Rand, args []string) crashResult {
 		}
 	}
 
-	var res crashResult
+	res := crashResult{dupBefore: map[string]int{}}
 	log.mu.Lock()
 	defer log.mu.Unlock()
 	res.operations, res.acked, res.lostAcked = len(log.keys), len(acked), lost
@@ -343,11 +373,14 @@ func runCrashes(t *testing.T, rng *rand.Rand, args []string) crashResult {
 			continue
 		}
 		res.duplicates++
+		afterAck := false
 		for _, x := range k.executions[:len(k.executions)-1] {
-			if x.acked {
-				res.dupAfterAck++
-				break
-			}
+			afterAck = afterAck || x.acked
+		}
+		if afterAck {
+			res.dupAfterAck++
+		} else {
+			res.dupBefore[k.executions[0].ended]++
 		}
 	}
 	return res
