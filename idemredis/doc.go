@@ -20,13 +20,14 @@
 //
 // Redis cannot commit the stored result in the same transaction as a
 // business row kept in another database. The engine completes the record
-// after the handler returns, so the handler's own commit comes first. A
-// crash (of the process, or of the network to Redis) between the business
-// commit and the completion leaves the key in flight: retries get 409
-// until the lease expires, then a retry takes the key over and runs the
-// operation again. That is a duplicate, the very thing the key was meant
-// to prevent. The window is short, but it is there, and Tx.Context gives
-// the handler no transaction to close it.
+// after the handler returns, so the handler's own commit comes first. If
+// the process dies between the two, or Redis stays unreachable (or
+// refuses writes) for longer than Config.CompleteTimeout then, the key
+// stays in flight: retries get 409 until the lease expires, then a retry
+// takes the key over and runs the operation again. That is a duplicate,
+// the very thing the key was meant to prevent. The window is short, but
+// it is there, and the unit of work gives the handler no transaction to
+// close it. docs/STORES.md lists every such window.
 //
 // The safer alternative is to keep the keys in the business database and
 // complete the record in the business transaction: idemsql (PostgreSQL,
@@ -46,7 +47,7 @@
 //
 // docs/STORES.md compares every store.
 //
-// # Flushes, restarts and eviction
+// # Restarts, flushes, full memory and eviction
 //
 // A record that Redis loses is forgotten: a FLUSHDB, a restart without
 // persistence, a failover to a replica that had not received it, or an
@@ -54,11 +55,23 @@
 // moment cannot complete (their record is gone, so the fenced completion
 // finds no token and returns idem.ErrLeaseLost, HTTP 409), never a
 // silent success; their retries run afresh. To keep records, run Redis
-// with appendonly yes (appendfsync always loses nothing, everysec up to a
-// second) and maxmemory-policy noeviction; replication helps, but it is
-// asynchronous, so a failover can lose the last writes. New logs a
+// with appendonly yes and maxmemory-policy noeviction. With appendfsync
+// always a restarted Redis replays every answer it acknowledged; with
+// everysec it does after a crash of its process while its disk keeps up,
+// and may lose the last second or two otherwise (a slow fsync, a crash of
+// the machine). Replication helps, but it
+// is asynchronous, so a failover can lose the last writes. New logs a
 // warning when the policy can evict records: every record has a TTL, so
 // volatile-* policies can evict them as well as allkeys-* ones.
+//
+// A server at its memory limit (noeviction) starts no new work: a claim
+// that would write is refused (the engine answers 503, the handler does
+// not run), while replays, 409s and 422s are still answered. On Redis 7
+// and later the work under way finishes: its lease is still extended, its
+// answer stored (memory then exceeds maxmemory by the answers of the
+// executions in flight when the server filled up), a release still frees
+// its key. Before Redis 7, scripts carry no flags: the extension and the
+// completion are refused as well.
 //
 // # Key layout
 //
@@ -102,8 +115,14 @@
 // # Failures
 //
 // When Redis cannot be reached, Claim returns the error and the engine
-// fails closed: the handler does not run (HTTP 503). go-redis may resend a
-// command whose reply was lost; every script is written so that a resent
-// command has the effect of the first one (a resent claim is still won, a
-// resent completion still succeeds), while a second call is refused.
+// fails closed: the handler does not run (HTTP 503). The claim is sent
+// once, without go-redis's resends, so that its error tells whether it
+// may have run: the store marks it idem.ErrNotApplied only when the
+// server refused it or never received it whole; otherwise (a lost reply,
+// a connection cut after sending) the engine releases the key, fenced by
+// the token. A completion, whatever becomes of its caller, resends
+// itself, under the same completion id, for up to Config.CompleteTimeout.
+// go-redis may resend the other scripts too: each is written so that a
+// resent command has the effect of the first one (a resent completion
+// still succeeds), while a second call is refused.
 package idemredis

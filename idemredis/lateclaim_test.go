@@ -3,67 +3,106 @@ package idemredis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/atonce"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/redis/go-redis/v9"
 )
 
-// A claim whose reply is lost (the read times out after the script was
-// sent; the server runs it all the same) does not leave the key held: the
-// store does not mark the error idem.ErrNotApplied, so the engine
-// releases it, fenced by the token.
+// TestClaimWithLostReplyReleases: claims that ran on the server while
+// their client never learned it (the reply was lost and the read timed
+// out, or the connection ended before the reply) do not leave their keys
+// held. The store does not mark such an error idem.ErrNotApplied, so the
+// engine releases the keys, fenced by the token, through the same client,
+// whose reads time out. Each claim is sent once: a resend could end in a
+// refusal that hides the first attempt, and the proxy counts what
+// reached the server.
 func TestClaimWithLostReplyReleases(t *testing.T) {
-	opt, err := redis.ParseURL(testenv.RedisURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Every reply arrives too late; no resend, which would hide the loss.
-	opt.ReadTimeout, opt.MaxRetries = time.Microsecond, -1
-	impatient := redis.NewClient(opt)
-	t.Cleanup(func() { _ = impatient.Close() })
-	checker := newClient(t, -1)
-	prefix := testenv.Name()
-	lossy := &Store{client: impatient, prefix: prefix}
-	reader := newStoreOn(t, checker, prefix)
-	// The scripts are loaded by a client that waits, so that the lossy one
-	// sends EVALSHA and never has to fall back.
-	if _, err := reader.Claim(context.Background(), claimParams("t", "warm-up", "fp", 1)); err != nil {
-		t.Fatal(err)
-	}
-
-	engine, err := idem.NewEngine(lossy, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lost := 0
-	for i := range 20 {
-		key := "lost-" + string(rune('a'+i))
-		_, err := engine.Do(context.Background(), idem.Operation{Tenant: "t", Key: key, Fingerprint: []byte("fp")}, func(context.Context) (idem.Result, error) {
-			return idem.Result{Status: 201}, nil
-		})
-		if err == nil {
-			continue // the reply made it after all
-		}
-		lost++
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			rec, err := reader.Get(context.Background(), "t", key)
-			if errors.Is(err, idem.ErrNotFound) || err == nil && rec.State != idem.StateInFlight {
-				break
-			}
+	for _, mode := range []struct {
+		name string
+		mode faultMode
+	}{{"reply lost", drop}, {"connection cut", cut}} {
+		t.Run(mode.name, func(t *testing.T) {
+			ctx := context.Background()
+			opt, err := redis.ParseURL(testenv.RedisURL(t))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s still held (%s) under token %d after its claim failed", key, rec.State, rec.LeaseToken)
+			const fp = "lost-reply-fingerprint"
+			proxy := startFaultProxy(t, opt.Addr, fp, mode.mode)
+			prefix := testenv.Name()
+			reader := newStoreOn(t, newClient(t, -1), prefix)
+			// The claim script is loaded by a client that gets its replies,
+			// so that the lossy one sends EVALSHA and never EVAL.
+			if _, err := reader.Claim(ctx, claimParams("t", "warm-up", "fp", 1)); err != nil {
+				t.Fatal(err)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	if lost == 0 {
-		t.Fatal("no reply was lost: the test proved nothing")
+			lossyOpt := *opt
+			lossyOpt.Addr = proxy.addr
+			// go-redis's default resends stay on: the claim must not use them.
+			// Long enough for a handshake on a busy machine: the replies it
+			// waits for in vain are the claims'.
+			lossyOpt.ReadTimeout, lossyOpt.PoolSize = 2*time.Second, 64
+			lossy := redis.NewClient(&lossyOpt)
+			t.Cleanup(func() { _ = lossy.Close() })
+			const n = 20
+			// n connections, opened and greeted (HELLO) before any reply
+			// is lost, so that every claim below is written on one: a
+			// handshake that timed out on a busy machine would fail its
+			// claim before sending it.
+			conns := make([]*redis.Conn, n)
+			for i := range conns {
+				conns[i] = lossy.Conn()
+				if err := conns[i].Ping(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, c := range conns {
+				_ = c.Close() // back to the pool, open
+			}
+			engine, err := idem.NewEngine(newUniversalStore(t, lossy, prefix), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			errs := make([]error, n)
+			atonce.Run(n, func(i int) {
+				_, errs[i] = engine.Do(ctx, idem.Operation{Tenant: "t", Key: fmt.Sprint("lost-", i), Fingerprint: []byte(fp)},
+					func(context.Context) (idem.Result, error) {
+						return idem.Result{Status: 201}, nil
+					})
+			})
+			for i, err := range errs {
+				if !errors.Is(err, idem.ErrStore) || errors.Is(err, idem.ErrNotApplied) {
+					t.Fatalf("claim %d whose reply was lost: %v, want a store error not marked ErrNotApplied", i, err)
+				}
+			}
+			if got := proxy.marked.Load(); got != n {
+				t.Fatalf("%d claims reached the server for %d calls, want one each", got, n)
+			}
+			for i := range n {
+				key := fmt.Sprint("lost-", i)
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+					rec, err := reader.Get(ctx, "t", key)
+					if errors.Is(err, idem.ErrNotFound) {
+						break
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("%s still held (%s) under token %d after its claim failed", key, rec.State, rec.LeaseToken)
+					}
+				}
+			}
+			proxy.setMode(pass)
+			if err := engine.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

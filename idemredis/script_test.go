@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/redis/go-redis/v9"
 )
 
 // TestScriptFlush: after SCRIPT FLUSH (as after a restart or a failover to
@@ -21,10 +20,10 @@ import (
 func TestScriptFlush(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
-	scripts := []*redis.Script{claimScript, extendScript, releaseScript, completeScript}
+	scripts := []*script{claimScript, extendScript, releaseScript, completeScript}
 	hashes := make([]string, len(scripts))
 	for i, sc := range scripts {
-		hashes[i] = sc.Hash()
+		hashes[i] = sc.flagged.sha
 	}
 	for round := range 2 {
 		if err := s.client.ScriptFlush(ctx).Err(); err != nil {
@@ -34,7 +33,7 @@ func TestScriptFlush(t *testing.T) {
 		// connection, but other tests may reload scripts concurrently:
 		// only claim what this test can see, that the first script it
 		// runs is absent.
-		if exists, err := s.client.ScriptExists(ctx, claimScript.Hash()).Result(); err != nil || exists[0] {
+		if exists, err := s.client.ScriptExists(ctx, claimScript.flagged.sha).Result(); err != nil || exists[0] {
 			t.Logf("claim script reloaded by another test between flush and check (%v %v)", exists, err)
 		}
 		key := "k" + strconv.Itoa(round)
@@ -86,7 +85,7 @@ func TestScriptsSurviveResend(t *testing.T) {
 	key := []string{s.key("t", "k")}
 	args := []any{"7", "response", 201, "", "body", "", "completion-1"}
 	for i := range 2 {
-		if ok, err := completeScript.Run(ctx, s.client, key, args...).Int(); err != nil || ok != 1 {
+		if ok, err := s.eval(ctx, completeScript, false, key, args...).Int(); err != nil || ok != 1 {
 			t.Fatalf("complete run %d: %d %v", i+1, ok, err)
 		}
 	}
@@ -103,5 +102,57 @@ func TestScriptsSurviveResend(t *testing.T) {
 	// claim reports the record, so the engine replays it.
 	if r, err := s.Claim(ctx, p); err != nil || r.Won || r.Record.State != idem.StateComplete {
 		t.Fatalf("claim of own complete record: %+v %v", r, err)
+	}
+}
+
+// TestServerWithoutScriptFlags: a server before Redis 7 reads a script's
+// "#!lua flags=…" line as Lua, and refuses to compile it; the script did
+// not run. The store then sends the scripts without flags from then on.
+// This Redis knows the flags, so the test gives it a first line that no
+// Redis compiles, which it refuses with the error an older server gives.
+func TestServerWithoutScriptFlags(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	body := "return redis.call('INCR', KEYS[1])"
+	sc := &script{flagged: newSource("#x\n" + body), plain: newSource(body)}
+	key := s.key("t", "counter")
+	err := s.eval(ctx, &script{flagged: sc.flagged, plain: sc.flagged}, false, []string{key}).Err()
+	if !shebangUnknown(err) {
+		t.Fatalf("a script starting with '#': %v, want the compile error shebangUnknown recognizes", err)
+	}
+	if s.plain.Load() {
+		t.Fatal("a script without a plain form switched the store to plain scripts")
+	}
+	n, err := s.eval(ctx, sc, false, []string{key}).Int()
+	if err != nil || n != 1 {
+		t.Fatalf("script after the fallback: %d %v, want 1 (run once)", n, err)
+	}
+	if !s.plain.Load() {
+		t.Fatal("the store still sends flagged scripts")
+	}
+	// Flags this server does not know are another error: no fallback.
+	other := newStore(t)
+	err = other.eval(ctx, newScript("no-such-flag", body), false, []string{key}).Err()
+	if err == nil || shebangUnknown(err) || other.plain.Load() {
+		t.Fatalf("unknown flag: %v (plain=%v), want an error that is not taken for an old server", err, other.plain.Load())
+	}
+}
+
+// TestCompleteOutlivesItsCaller: the handler has run, so its answer is
+// stored even when the caller's context has already ended.
+func TestCompleteOutlivesItsCaller(t *testing.T) {
+	s := newStore(t)
+	s.completeTimeout = DefaultCompleteTimeout
+	if r, err := s.Claim(context.Background(), claimParams("t", "k", "fp", 7)); err != nil || !r.Won {
+		t.Fatalf("claim: %+v %v", r, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	unit, _ := s.Begin(context.Background())
+	if err := unit.Complete(ctx, idem.CompleteParams{Tenant: "t", Key: "k", Token: 7, Result: idem.Result{Status: 201}}); err != nil {
+		t.Fatalf("Complete whose caller is gone: %v", err)
+	}
+	if rec, err := s.Get(context.Background(), "t", "k"); err != nil || rec.State != idem.StateComplete {
+		t.Fatalf("record: %+v %v, want complete", rec, err)
 	}
 }

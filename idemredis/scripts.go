@@ -1,19 +1,31 @@
 package idemredis
 
-import "github.com/redis/go-redis/v9"
-
 // The Lua scripts below are the store. Each store operation is exactly one
 // script, so Redis runs it as one atomic step: no other client's command
 // interleaves between the read and the write, which is what makes the
-// claim a claim and the fencing a fence. go-redis sends them with EVALSHA
-// and falls back to EVAL when the server answers NOSCRIPT (after a restart
-// or SCRIPT FLUSH).
+// claim a claim and the fencing a fence. They are sent with EVALSHA,
+// falling back to EVAL when the server answers NOSCRIPT (after a restart
+// or SCRIPT FLUSH); eval.go says how.
 //
 // Every script reads the clock with TIME, on the server: leases and
 // retention are decided by one clock whatever the application servers
-// think the time is. Redis 7 replicates scripts by their effects (the
-// HSET/PEXPIRE they issue), so a non-deterministic TIME is allowed and
-// replicas and the AOF receive the resulting values.
+// think the time is. Redis replicates scripts by their effects (the
+// HSET/PEXPIRE they issue; the default since Redis 5, the only way since
+// Redis 7), so a non-deterministic TIME is allowed and replicas and the
+// AOF receive the resulting values.
+//
+// A server over maxmemory (with noeviction, the policy New asks for)
+// refuses new work and lets the work under way finish: the claim is
+// refused before it writes anything, so no handler starts, while an
+// extension, a completion and a release still run (flag allow-oom, Redis
+// 7 and later), so that a handler already running keeps its lease and its
+// answer is stored rather than run a second time once memory is freed.
+// What they add beyond the limit is bounded by the executions in flight
+// when the server filled up: a completion adds the stored answer, an
+// extension rewrites fields of the same size, a release frees memory.
+// Before Redis 7 scripts carry no flags, and the server refuses a
+// script's first write that may grow memory: the claim, the extension
+// and the completion are refused there, the release runs.
 //
 // Times are stored as microseconds since the Unix epoch, formatted with
 // %.0f because Lua's tostring would round them (it prints 14 significant
@@ -22,12 +34,13 @@ import "github.com/redis/go-redis/v9"
 // Each script is also safe to run twice with the same arguments: go-redis
 // resends a command whose reply was lost (a read timeout, a broken
 // connection), and the first run may have happened. Extend and Release
-// are idempotent as they are. A resent Claim finds the record in flight
-// under its own token, which no other execution holds (tokens are fresh
-// per execution), and reports the claim won. A resent Complete finds the
-// record complete under its token with its own completion id, a random
-// number drawn for each Complete call, and reports success; a second
-// Complete call (another id) gets ErrLeaseLost, as idem.UnitOfWork requires.
+// are idempotent as they are. A resent Complete finds the record complete
+// under its token with its own completion id, a random number drawn for
+// each Complete call, and reports success; a second Complete call
+// (another id) gets ErrLeaseLost, as idem.UnitOfWork requires. The claim
+// is sent without resends (see Store.Claim), but a second run would find
+// the record in flight under its own token, which no other execution
+// holds (tokens are fresh per execution), and report the claim won.
 //
 // Record fields: tenant, key, fingerprint, state, token, locked_until,
 // created_at, expires_at, and once complete: completed_at, mode, status,
@@ -42,11 +55,17 @@ local function int(n) return string.format('%.0f', n) end
 local function ms(us) return math.ceil(us / 1000) end
 `
 
-// claimScript claims KEYS[1].
+// claimScript claims KEYS[1]. It is the one script without flags (see
+// script): Redis then checks the memory limit at its first write, not
+// before it starts, so that a full server still answers the claims that
+// write nothing (a replay, a key in flight, another fingerprint) and
+// refuses the ones that would write. That first write must therefore be
+// a command Redis refuses when it is over maxmemory: HSET is; DEL is not,
+// and after a DEL every later write of the script would go through.
 //
 // ARGV: tenant, key, fingerprint, token, lease (µs), retention (µs).
 // Returns {1} when the claim is won, {0, HGETALL} when it is lost.
-var claimScript = redis.NewScript(luaPrelude + `
+var claimScript = newScript("", luaPrelude+`
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'locked_until', 'expires_at', 'fingerprint')
 -- A record past its stored retention counts as absent even if its TTL has
 -- not fired yet; the two agree to the millisecond, this makes it exact.
@@ -61,16 +80,17 @@ if cur[1] and (tonumber(cur[4]) or 0) > now then
 		return {0, redis.call('HGETALL', KEYS[1])}
 	end
 end
--- A fresh record: DEL first so that nothing of a taken-over or expired one
--- (a completed_at, a body) survives into it.
+-- A fresh record. HSET comes first: see above.
 local lease_end = now + tonumber(ARGV[5])
 local expires = now + tonumber(ARGV[6])
-redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1],
 	'tenant', ARGV[1], 'key', ARGV[2], 'fingerprint', ARGV[3],
 	'state', 'in_flight', 'token', ARGV[4],
 	'locked_until', int(lease_end),
 	'created_at', int(now), 'expires_at', int(expires))
+-- Nothing of a taken-over or expired record (a completed_at, a body)
+-- survives into the fresh one.
+redis.call('HDEL', KEYS[1], 'completed_at', 'mode', 'status', 'header', 'body', 'reference', 'completion_id')
 -- The key lives until the later of retention and lease: a retention
 -- shorter than the lease makes the key count as absent (expires_at above),
 -- but Redis must not delete a record a live handler still holds.
@@ -85,7 +105,7 @@ return {1}
 // claimed after its retention holds another token.
 //
 // ARGV: token, lease (µs). Returns 1, or 0 when the lease is lost.
-var extendScript = redis.NewScript(luaPrelude + `
+var extendScript = newScript(allowOOM, luaPrelude+`
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires_at')
 if cur[1] ~= 'in_flight' or cur[2] ~= ARGV[1] then
 	return 0
@@ -102,7 +122,7 @@ return 1
 // releaseScript deletes KEYS[1] when it is in flight under the token.
 //
 // ARGV: token. Returns 1 when deleted, 0 otherwise.
-var releaseScript = redis.NewScript(`
+var releaseScript = newScript(allowOOM, `
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token')
 if cur[1] == 'in_flight' and cur[2] == ARGV[1] then
 	redis.call('DEL', KEYS[1])
@@ -116,7 +136,7 @@ return 0
 //
 // ARGV: token, mode, status, header, body, reference, completion id.
 // Returns 1, or 0 when the lease is lost.
-var completeScript = redis.NewScript(luaPrelude + `
+var completeScript = newScript(allowOOM, luaPrelude+`
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'completion_id')
 if cur[2] ~= ARGV[1] then
 	return 0

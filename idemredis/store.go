@@ -8,6 +8,8 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/redis/go-redis/v9"
@@ -35,13 +37,31 @@ type Config struct {
 	// a server may evict records (see New) or when its policy cannot be
 	// read. Defaults to false.
 	RequireNoEviction bool
+
+	// CompleteTimeout bounds the completion of a handler's answer,
+	// resends included. The handler has run by then, so its answer is
+	// stored whatever becomes of its caller (the end of the context given
+	// to the engine, and its deadline, are ignored), and while Redis
+	// cannot be reached, its reply is lost or it refuses the write (a
+	// restart, a failover, a full server before Redis 7), the completion
+	// is sent again, under the same completion id, until this much time
+	// has passed. An answer never stored leaves the key in flight until
+	// its lease ends, and the next retry then runs the handler again.
+	// Defaults to 5s; negative means a single attempt on the caller's
+	// context.
+	CompleteTimeout time.Duration
 }
+
+// DefaultCompleteTimeout is Config.CompleteTimeout's default.
+const DefaultCompleteTimeout = 5 * time.Second
 
 // Store is an idem.Store on Redis. It is safe for concurrent use; create it
 // with New.
 type Store struct {
-	client redis.UniversalClient
-	prefix string
+	client          redis.UniversalClient
+	prefix          string
+	completeTimeout time.Duration
+	plain           atomic.Bool // a server refused the flagged scripts (see eval)
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -80,10 +100,13 @@ func New(ctx context.Context, client redis.UniversalClient, config *Config) (*St
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.CompleteTimeout == 0 {
+		cfg.CompleteTimeout = DefaultCompleteTimeout
+	}
 	if err := reportEviction(ctx, client, &cfg, cfg.Logger); err != nil {
 		return nil, err
 	}
-	return &Store{client: client, prefix: cfg.Prefix}, nil
+	return &Store{client: client, prefix: cfg.Prefix, completeTimeout: cfg.CompleteTimeout}, nil
 }
 
 func (s *Store) key(tenant, key string) string { return recordKey(s.prefix, tenant, key) }
@@ -94,12 +117,16 @@ func (s *Store) key(tenant, key string) string { return recordKey(s.prefix, tena
 // with the lease deadline taken from the server's clock and a TTL that
 // ends with the retention (or the lease, if that ends later).
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
-	reply, err := claimScript.Run(ctx, s.client, []string{s.key(p.Tenant, p.Key)},
+	// Sent once, without go-redis's resends, so that its error tells
+	// whether it may have run: a resend can meet a refusal (a replica
+	// after a failover, a full server) after a first attempt that ran and
+	// whose reply was lost.
+	reply, err := s.eval(ctx, claimScript, true, []string{s.key(p.Tenant, p.Key)},
 		p.Tenant, p.Key, p.Fingerprint, strconv.FormatInt(p.Token, 10),
 		p.Lease.Microseconds(), p.Retention.Microseconds()).Slice()
 	if err != nil {
 		err = fmt.Errorf("idemredis: claim: %w", err)
-		if !mayHaveRun(ctx, err) {
+		if !mayHaveRun(err) {
 			// Otherwise the script may run, or have run, after all: the
 			// engine releases what it may claim, fenced by the token.
 			err = idem.NotApplied(err)
@@ -128,7 +155,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 
 // Extend implements idem.Store in one Lua script fenced by the token.
 func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
-	ok, err := extendScript.Run(ctx, s.client, []string{s.key(p.Tenant, p.Key)},
+	ok, err := s.run(ctx, extendScript, s.key(p.Tenant, p.Key),
 		strconv.FormatInt(p.Token, 10), p.Lease.Microseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("idemredis: extend: %w", err)
@@ -141,7 +168,7 @@ func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
 
 // Release implements idem.Store in one Lua script fenced by the token.
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
-	if err := releaseScript.Run(ctx, s.client, []string{s.key(p.Tenant, p.Key)},
+	if err := s.run(ctx, releaseScript, s.key(p.Tenant, p.Key),
 		strconv.FormatInt(p.Token, 10)).Err(); err != nil {
 		return fmt.Errorf("idemredis: release: %w", err)
 	}
@@ -176,24 +203,29 @@ func (s *Store) Begin(ctx context.Context) (idem.UnitOfWork, error) {
 	return tx{s}, ctx.Err()
 }
 
-// mayHaveRun reports whether a script that failed with err may
-// nevertheless run on the server: it was not answered by the server with
-// an error of its own, nor refused before a connection was made, and
-// either the caller gave up or the reply timed out. A command that could
-// not be sent at all (no connection, pool exhausted) is not counted, so
-// that a Redis that is down gets no extra load.
-func mayHaveRun(ctx context.Context, err error) bool {
+// mayHaveRun reports whether a claim that failed with err may
+// nevertheless have run, or run later, on the server. It did not when the
+// server answered it with an error: a refusal (out of memory, a read-only
+// replica, a failed disk, a script the server does not know, a slot it
+// does not serve, a server still loading) comes before the script's
+// first write, and the claim script makes no write before that point
+// (scripts.go). Nor when it was never sent whole: no connection could be
+// made (dial) or taken from the pool, the client was closed, or writing
+// the command failed, so that the server received none or part of it,
+// which it never runs. Anything else (a reply that timed out or never
+// came, a connection reset after the command went out, a context that
+// ended meanwhile) may hide a claim that ran.
+//
+// This holds for the claim only because it is sent once (see Claim): after
+// go-redis's resends, the last error says nothing of the earlier attempts.
+func mayHaveRun(err error) bool {
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
 		return false
 	}
 	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout) {
+	if errors.As(err, &op) && (op.Op == "dial" || op.Op == "write") {
 		return false
 	}
-	if ctx.Err() != nil {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+	return !errors.Is(err, redis.ErrPoolTimeout) && !errors.Is(err, redis.ErrClosed)
 }

@@ -424,7 +424,7 @@ func TestSentinelFailover(t *testing.T) {
 	defer promoted.Close()
 	demoted := redis.NewClient(&redis.Options{Addr: set.master.addr})
 	defer demoted.Close()
-	if loaded, err := promoted.ScriptExists(ctx, claimScript.Hash()).Result(); err != nil || loaded[0] {
+	if loaded, err := promoted.ScriptExists(ctx, claimScript.flagged.sha).Result(); err != nil || loaded[0] {
 		t.Fatalf("SCRIPT EXISTS on the replica = %v %v, want a server that never loaded the claim script", loaded, err)
 	}
 	sc := redis.NewSentinelClient(&redis.Options{Addr: set.sentinel.addr})
@@ -478,7 +478,7 @@ func TestSentinelFailover(t *testing.T) {
 	if n, err := promoted.Exists(ctx, s.key("t", "new")).Result(); err != nil || n != 1 {
 		t.Fatalf("the new key's record on the new master: %d %v", n, err)
 	}
-	if loaded, err := promoted.ScriptExists(ctx, claimScript.Hash()).Result(); err != nil || !loaded[0] {
+	if loaded, err := promoted.ScriptExists(ctx, claimScript.flagged.sha).Result(); err != nil || !loaded[0] {
 		t.Fatalf("SCRIPT EXISTS on the new master = %v %v: the claim did not go through EVAL there", loaded, err)
 	}
 

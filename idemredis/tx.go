@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"time"
 
 	"github.com/idem-go/idem"
 )
@@ -27,8 +28,10 @@ func (t tx) Rollback(ctx context.Context) error { return nil }
 // Complete stores the result in one Lua script, fenced by the token: it
 // returns idem.ErrLeaseLost when the record is gone (expired, released,
 // flushed), held under another token, or already complete. Each call
-// draws a completion id, so that a resend of this very call by go-redis
-// is told apart from a second call (see scripts.go).
+// draws a completion id, so that a resend of this very call is told apart
+// from a second call (see scripts.go). When the script fails (Redis
+// unreachable, the reply lost, a refusal), Complete sends it again, with
+// the same id, until it is answered or Config.CompleteTimeout has passed.
 func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 	if _, known := modeNames[p.Result.Mode.String()]; !known {
 		return fmt.Errorf("idemredis: complete: unknown storage mode %d", p.Result.Mode)
@@ -37,15 +40,44 @@ func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 	if err != nil {
 		return fmt.Errorf("idemredis: complete: %w", err)
 	}
-	ok, err := completeScript.Run(ctx, t.s.client, []string{t.s.key(p.Tenant, p.Key)},
-		strconv.FormatInt(p.Token, 10), p.Result.Mode.String(), p.Result.Status,
+	once := t.s.completeTimeout < 0
+	if !once {
+		// The handler has run: its answer is stored whatever its caller
+		// does meanwhile.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), t.s.completeTimeout)
+		defer cancel()
+	}
+	key := t.s.key(p.Tenant, p.Key)
+	args := []any{strconv.FormatInt(p.Token, 10), p.Result.Mode.String(), p.Result.Status,
 		header, p.Result.Body, p.Result.Reference,
-		strconv.FormatUint(rand.Uint64(), 10)).Int()
-	if err != nil {
-		return fmt.Errorf("idemredis: complete: %w", err)
+		strconv.FormatUint(rand.Uint64(), 10)}
+	for attempts, pause := 1, 20*time.Millisecond; ; attempts, pause = attempts+1, min(2*pause, 500*time.Millisecond) {
+		ok, err := t.s.run(ctx, completeScript, key, args...).Int()
+		if err == nil {
+			if ok != 1 {
+				return idem.ErrLeaseLost
+			}
+			return nil
+		}
+		if once || !pauseWithin(ctx, pause) {
+			return fmt.Errorf("idemredis: complete (%d attempts): %w", attempts, err)
+		}
 	}
-	if ok != 1 {
-		return idem.ErrLeaseLost
+}
+
+// pauseWithin waits for d, and reports false, at once, when ctx would end
+// first.
+func pauseWithin(ctx context.Context, d time.Duration) bool {
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d {
+		return false
 	}
-	return nil
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }

@@ -47,8 +47,9 @@ func TestUnreachable(t *testing.T) {
 		t.Fatal("New with RequireNoEviction and an unreachable server succeeded")
 	}
 
-	if _, err := s.Claim(ctx, idem.ClaimParams{Tenant: "t", Key: "k", Token: 1, Lease: time.Minute, Retention: time.Hour}); err == nil {
-		t.Fatal("Claim on an unreachable server succeeded")
+	// Never sent, so the engine schedules no release for it.
+	if _, err := s.Claim(ctx, idem.ClaimParams{Tenant: "t", Key: "k", Token: 1, Lease: time.Minute, Retention: time.Hour}); !errors.Is(err, idem.ErrNotApplied) {
+		t.Fatalf("Claim on an unreachable server: %v, want an error marked ErrNotApplied", err)
 	}
 	if _, err := s.Get(ctx, "t", "k"); err == nil || errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("Get on an unreachable server: %v, want a connection error", err)
