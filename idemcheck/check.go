@@ -85,6 +85,15 @@ type Config struct {
 	// 409, counted from the first 409. Defaults to 30s.
 	InFlightWait time.Duration
 
+	// Settle is how long check 6's count must stay the same before it is
+	// taken as final, when the retry's answer was not a replay: the cut
+	// request's execution then did not keep its key to the end, and may
+	// still commit after the retry was answered. The count is taken again
+	// until it has not changed for Settle (for at most three times as
+	// long), and a second resource fails the check at once. Defaults to
+	// 5s.
+	Settle time.Duration
+
 	// Client sends the requests. Defaults to a client with Timeout, a
 	// connection pool sized for Concurrency, answers' headers bounded to
 	// 64 KiB, and redirects not followed (a 303 is an answer to compare,
@@ -223,6 +232,12 @@ func newChecker(config Config) (*checker, error) {
 	}
 	if c.InFlightWait <= 0 {
 		c.InFlightWait = DefaultInFlightWait
+	}
+	if c.Settle < 0 {
+		return nil, fmt.Errorf("settle must not be negative, got %v", c.Settle)
+	}
+	if c.Settle == 0 {
+		c.Settle = DefaultSettle
 	}
 	if c.Client == nil {
 		c.Client = newHTTPClient(c.Timeout, c.Concurrency)
@@ -376,7 +391,7 @@ func (c *checker) run(ctx context.Context) (*Report, error) {
 	if c.CountURL != "" {
 		rep.Keys = append(rep.Keys, key3)
 	}
-	r6 := c.disconnectThenRetry(ctx, key3, counts)
+	r6 := c.disconnectThenRetry(ctx, key3, counts, retry.success() && retry.replayed())
 	rep.Results = append(rep.Results, r5, r6)
 	if ctx.Err() != nil {
 		return nil, context.Cause(ctx)

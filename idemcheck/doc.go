@@ -28,7 +28,11 @@
 //     expected while the first still runs; they are retried for up to
 //     Config.InFlightWait), then a count: exactly one new resource. A
 //     server that runs the operation again after its client went away
-//     fails.
+//     fails. When the retry's answer is not a replay, the cut request's
+//     execution did not keep its key to the end (after a 409, its key was
+//     released while it ran), and its work may still commit after the
+//     retry was answered: the count is taken again until it has not
+//     changed for Config.Settle, and a second resource fails the check.
 //
 // Sequential duplicates prove nothing, since the first finishes before the
 // second looks; that is why check 1 fires its requests together.

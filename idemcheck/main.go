@@ -37,7 +37,10 @@ WARN, FAIL or SKIP, with its evidence:
   4. sends a fresh key;
   5. counts the resources created for each key (--count-url);
   6. cuts a request's connection while the server works on it, retries
-     with its key until answered, and counts again (--count-url).
+     with its key until answered, and counts again (--count-url); when
+     the retry's answer is not a replay, the cut execution may still
+     commit, so the count is taken again until it stays the same for
+     --settle.
 
 Answers alone cannot show that duplicates ran once: a server may run each
 one and answer them all with the first answer. Only a count can, through
@@ -105,6 +108,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	replay := fs.Bool("replay", false, "load mode: one key per worker, so requests after its first are replays")
 	disconnectAfter := fs.Duration("disconnect-after", 0, "check 6: cut the first request's connection this long after sending it (0: at once);\nabout half the handler's time cuts it midway")
 	inFlightWait := fs.Duration("in-flight-wait", DefaultInFlightWait, "check 6: how long to keep retrying while answered 409")
+	settle := fs.Duration("settle", DefaultSettle, "check 6: when the retry's answer is not a replay, how long the count must stay the same\nbefore it is final (the cut execution may still commit)")
 
 	fail := func(format string, a ...any) int {
 		fmt.Fprintln(stderr, "idem check: "+safeText(fmt.Sprintf(format, a...)))
@@ -131,6 +135,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return fail("missing URL; %s", usageShort)
 		}
 		return fail("want one URL, got %d arguments (%s); %s", len(positional), strings.Join(positional, " "), usageShort)
+	}
+	if *settle <= 0 {
+		return fail("--settle must be positive, got %v; %s", *settle, usageShort)
 	}
 	body := []byte(*data)
 	if strings.HasPrefix(*data, "@") {
@@ -163,7 +170,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rep, err := Check(ctx, Config{
 		URL: positional[0], Method: *method, Body: body, Header: header, KeyHeader: *keyHeader,
 		Concurrency: *n, CountURL: *countURL, Timeout: *timeout,
-		DisconnectAfter: *disconnectAfter, InFlightWait: *inFlightWait,
+		DisconnectAfter: *disconnectAfter, InFlightWait: *inFlightWait, Settle: *settle,
 	})
 	if err != nil {
 		return fail("%v", err)
