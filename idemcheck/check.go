@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,8 +44,10 @@ var ErrUnreachable = errors.New("cannot reach")
 // Config says what to check. URL is required; every zero field means its
 // documented default.
 type Config struct {
-	// URL is the endpoint under test, http or https. A password in it is
-	// never printed: reports and errors show it as xxxxx.
+	// URL is the endpoint under test, http or https. Its password, a user
+	// name alone, and credential parameters (access_token=…) are never
+	// printed: reports and errors show them as xxxxx (see the package
+	// documentation).
 	URL string
 
 	// Method defaults to POST.
@@ -54,7 +58,8 @@ type Config struct {
 	Body []byte
 
 	// Header is added to every request, the count requests included (so
-	// an Authorization header scopes both alike).
+	// an Authorization header scopes both alike). Its values are never
+	// printed.
 	Header http.Header
 
 	// KeyHeader is the name of the idempotency key header. Defaults to
@@ -84,6 +89,15 @@ type Config struct {
 	// InFlightWait bounds how long check 6 keeps retrying while answered
 	// 409, counted from the first 409. Defaults to 30s.
 	InFlightWait time.Duration
+
+	// Settle is how long check 6's count must stay the same before it is
+	// taken as final, when the retry's answer was not a replay: the cut
+	// request's execution then did not keep its key to the end, and may
+	// still commit after the retry was answered. The count is taken again
+	// until it has not changed for Settle (for at most three times as
+	// long), and a second resource fails the check at once. Defaults to
+	// 5s.
+	Settle time.Duration
 
 	// Client sends the requests. Defaults to a client with Timeout, a
 	// connection pool sized for Concurrency, answers' headers bounded to
@@ -136,7 +150,7 @@ func (r *Result) proven() bool {
 
 // Report is the outcome of Check.
 type Report struct {
-	URL         string   `json:"url"` // password replaced by xxxxx
+	URL         string   `json:"url"` // credentials replaced by xxxxx
 	Method      string   `json:"method"`
 	Concurrency int      `json:"concurrency"`
 	Keys        []string `json:"keys"` // the keys used: check 1–3's, check 4's, then check 6's
@@ -169,11 +183,11 @@ var claims = map[int]string{
 func Check(ctx context.Context, config Config) (*Report, error) {
 	c, err := newChecker(config)
 	if err != nil {
-		return nil, safeErr(err)
+		return nil, err
 	}
 	defer c.closeIdle()
 	rep, err := c.run(ctx)
-	return rep, safeErr(err)
+	return rep, safeErr(err, c.secrets)
 }
 
 type checker struct {
@@ -182,6 +196,8 @@ type checker struct {
 	// close its idle connections when done: a program calling Check in a
 	// loop would otherwise keep 2×Concurrency connections per call.
 	ownClient bool
+	// secrets are the credentials of the configuration, never printed.
+	secrets *secrets
 }
 
 func (c *checker) closeIdle() {
@@ -190,14 +206,23 @@ func (c *checker) closeIdle() {
 	}
 }
 
+// newChecker checks config and fills in its defaults. Its errors are fit
+// to print.
 func newChecker(config Config) (*checker, error) {
-	c := &checker{Config: config}
+	c := &checker{Config: config, secrets: newSecrets([]string{config.URL, config.CountURL}, config.Header)}
+	if err := c.validate(); err != nil {
+		return nil, safeErr(err, c.secrets)
+	}
+	return c, nil
+}
+
+func (c *checker) validate() error {
 	if err := validURL(c.URL); err != nil {
-		return nil, err
+		return err
 	}
 	if c.CountURL != "" {
 		if err := validURL(c.CountURL); err != nil {
-			return nil, fmt.Errorf("count URL: %w", err)
+			return fmt.Errorf("count URL: %w", err)
 		}
 	}
 	if c.Method == "" {
@@ -207,22 +232,28 @@ func newChecker(config Config) (*checker, error) {
 		c.KeyHeader = DefaultKeyHeader
 	}
 	if c.Header.Get(c.KeyHeader) != "" {
-		return nil, fmt.Errorf("do not set %s: the check makes its own keys", c.KeyHeader)
+		return fmt.Errorf("do not set %s: the check makes its own keys", c.KeyHeader)
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
 	if c.Concurrency < 2 {
-		return nil, fmt.Errorf("concurrency must be at least 2, got %d", c.Concurrency)
+		return fmt.Errorf("concurrency must be at least 2, got %d", c.Concurrency)
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultTimeout
 	}
 	if c.DisconnectAfter < 0 {
-		return nil, fmt.Errorf("disconnect delay must not be negative, got %v", c.DisconnectAfter)
+		return fmt.Errorf("disconnect delay must not be negative, got %v", c.DisconnectAfter)
 	}
 	if c.InFlightWait <= 0 {
 		c.InFlightWait = DefaultInFlightWait
+	}
+	if c.Settle < 0 {
+		return fmt.Errorf("settle must not be negative, got %v", c.Settle)
+	}
+	if c.Settle == 0 {
+		c.Settle = DefaultSettle
 	}
 	if c.Client == nil {
 		c.Client = newHTTPClient(c.Timeout, c.Concurrency)
@@ -231,22 +262,36 @@ func newChecker(config Config) (*checker, error) {
 	if c.KeyFunc == nil {
 		c.KeyFunc = uuid.NewString
 	}
-	return c, nil
+	return nil
 }
 
 func validURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // the rest quotes the URL, password included
-		}
-		return fmt.Errorf("bad URL %q: %v", redactText(raw), err)
+		return fmt.Errorf("bad URL %q: %s", redactURL(raw), parseProblem(raw, err))
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("bad URL %q: want http://host/path or https://host/path", u.Redacted())
+		return fmt.Errorf("bad URL %q: want http://host/path or https://host/path", redactURL(raw))
 	}
 	return nil
+}
+
+// quoted matches a string quoted as %q writes it.
+var quoted = regexp.MustCompile(`\s*"(?:[^"\\]|\\.)*"`)
+
+// parseProblem says why url.Parse refused raw, without the pieces of raw
+// its error quotes (the URL, ":s3cr" of a port): they may be pieces of a
+// password. When raw seems to have user info, it says how to write it.
+func parseProblem(raw string, err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	problem := quoted.ReplaceAllString(err.Error(), "")
+	if rest, ok := afterScheme(raw); !ok || strings.Contains(rest, "@") {
+		problem += ` (in a user name or password, write / ? # @ % space and " percent-encoded: %2F %3F %23 %40 %25 %20 %22)`
+	}
+	return problem
 }
 
 func newHTTPClient(timeout time.Duration, conns int) *http.Client {
@@ -287,7 +332,13 @@ func (c *checker) send(ctx context.Context, key string, body []byte) answer {
 	if err != nil {
 		return answer{err: err}
 	}
-	return readAnswer(resp)
+	a := readAnswer(resp)
+	// The part of the body a report may show, with any credential of the
+	// configuration the server echoed hidden here rather than once clipped
+	// (a clipped one would show in part). Bodies are compared by their
+	// hash, not by this.
+	a.body = []byte(c.secrets.scrub(string(a.body), false))
+	return a
 }
 
 // counter takes the counts of CountURL through a run; the first failure
@@ -320,7 +371,7 @@ func (k *counter) last() (int, bool) {
 
 func (c *checker) run(ctx context.Context) (*Report, error) {
 	key1, key2, key3 := c.KeyFunc(), c.KeyFunc(), c.KeyFunc()
-	rep := &Report{URL: safeText(redactURL(c.URL)), Method: safeText(c.Method), Concurrency: c.Concurrency, Keys: []string{key1, key2}}
+	rep := &Report{URL: c.secrets.text(shownURL(c.URL)), Method: safeText(c.Method), Concurrency: c.Concurrency, Keys: []string{key1, key2}}
 
 	counts := &counter{c: c}
 	counts.take(ctx) // before
@@ -376,7 +427,7 @@ func (c *checker) run(ctx context.Context) (*Report, error) {
 	if c.CountURL != "" {
 		rep.Keys = append(rep.Keys, key3)
 	}
-	r6 := c.disconnectThenRetry(ctx, key3, counts)
+	r6 := c.disconnectThenRetry(ctx, key3, counts, retry.success() && retry.replayed())
 	rep.Results = append(rep.Results, r5, r6)
 	if ctx.Err() != nil {
 		return nil, context.Cause(ctx)
@@ -390,10 +441,10 @@ func (c *checker) run(ctx context.Context) (*Report, error) {
 	failed := false
 	for i := range rep.Results {
 		r := &rep.Results[i]
-		r.Evidence = safeText(r.Evidence)
-		r.Unproven = safeText(r.Unproven)
+		r.Evidence = c.secrets.text(r.Evidence)
+		r.Unproven = c.secrets.text(r.Unproven)
 		for j := range r.Details {
-			r.Details[j] = safeText(r.Details[j])
+			r.Details[j] = c.secrets.text(r.Details[j])
 		}
 		claim := fmt.Sprintf("%d. %s", r.ID, claims[r.ID])
 		switch {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem/idemcheck"
 )
@@ -129,6 +130,7 @@ func TestBadFlagsAreOneLine(t *testing.T) {
 		"bad header":   {"-H", "no colon", "http://127.0.0.1:1/x"},
 		"own key":      {"-H", "Idempotency-Key: k", "http://127.0.0.1:1/x"},
 		"bad duration": {"--load", "--duration", "soon", "http://127.0.0.1:1/x"},
+		"settle zero":  {"--settle", "0", "http://127.0.0.1:1/x"},
 	}
 	for name, args := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -271,6 +273,7 @@ func TestEachFlawIsReported(t *testing.T) {
 			srv := variantServer(t, c.v)
 			rep, err := idemcheck.Check(context.Background(), idemcheck.Config{
 				URL: srv.URL + "/orders", Body: []byte(orderBody), Concurrency: 8,
+				Settle:   200 * time.Millisecond, // the count of an unmarked retry settles
 				Header:   http.Header{"Content-Type": {"application/json"}},
 				CountURL: srv.URL + "/orders?cart_id=c_42",
 			})

@@ -17,6 +17,14 @@ import (
 // answered 409.
 const DefaultInFlightWait = 30 * time.Second
 
+// DefaultSettle is how long check 6's count must stay the same, after an
+// answer that was not a replay, before it is final.
+const DefaultSettle = 5 * time.Second
+
+// settleLimit bounds a settling count at this many times Settle: a count
+// that keeps changing within one resource is other writers at work.
+const settleLimit = 3
+
 // cutOutcome is what happened to the request check 6 cuts.
 type cutOutcome struct {
 	cut      bool  // the connection was closed before any answer came
@@ -142,9 +150,57 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// settled is a count taken again until it stopped changing.
+type settled struct {
+	atAnswer int           // the count right after the answer
+	n        int           // the last count
+	waited   time.Duration // from the first count to the last
+	stable   bool          // n did not change for Settle
+}
+
+// settle counts again, every Settle/10 (50ms to 500ms), until the count
+// has stayed the same for Settle, or is more than want above before (a
+// resource too many: no need to wait for more), or settleLimit×Settle has
+// passed. n is the count taken right after the answer.
+//
+// An answer ends the request that got it, not every execution of its key:
+// an execution whose key was released before it finished (its client went
+// away) may commit after a later request with the key was answered. Only
+// a count that stays the same for a while shows that it did not.
+func (c *checker) settle(ctx context.Context, before, want, n int) (settled, error) {
+	s := settled{atAnswer: n, n: n}
+	start := time.Now()
+	changed := start
+	poll := min(max(c.Settle/10, 50*time.Millisecond), 500*time.Millisecond)
+	for s.n-before <= want {
+		if time.Since(changed) >= c.Settle {
+			s.stable = true
+			break
+		}
+		if time.Since(start) >= settleLimit*c.Settle {
+			break
+		}
+		if !sleep(ctx, poll) {
+			return s, context.Cause(ctx)
+		}
+		m, err := c.count(ctx)
+		if err != nil {
+			return s, err
+		}
+		s.waited = time.Since(start)
+		if m != s.n {
+			s.n, changed = m, time.Now()
+		}
+	}
+	return s, nil
+}
+
 // disconnectThenRetry runs check 6 with key: a request cut while the
-// server works on it, then retries until answered, then a count.
-func (c *checker) disconnectThenRetry(ctx context.Context, key string, counts *counter) Result {
+// server works on it, then retries until answered, then a count, taken
+// again until it settles when the retry's answer was not a replay.
+// marksReplays says whether the server marks its replays (check 2's retry
+// was marked).
+func (c *checker) disconnectThenRetry(ctx context.Context, key string, counts *counter, marksReplays bool) Result {
 	r := Result{ID: 6, Name: nameDisconnect, Statuses: map[string]int{}}
 	if c.CountURL == "" {
 		r.Status = Skip
@@ -208,17 +264,45 @@ func (c *checker) disconnectThenRetry(ctx context.Context, key string, counts *c
 		r.Details = []string{"got: " + final.describe()}
 		return r
 	}
-	story += fmt.Sprintf("; the retry got %d", final.status)
-	if final.replayed() {
-		story += " (a replay)"
+	// A replay is the cut execution's stored answer: it finished, and the
+	// count is final. Any other answer is an execution of the retry's own,
+	// and the cut one may still be running: its count must settle.
+	replay := final.replayed()
+	switch {
+	case replay:
+		story += fmt.Sprintf("; the retry got %d (a replay)", final.status)
+	case !marksReplays:
+		story += fmt.Sprintf("; the retry got %d, not marked as a replay (nor was check 2's): it may be a fresh execution", final.status)
+	case conflicts > 0:
+		story += fmt.Sprintf("; the retry got a fresh %d, not a replay, after a 409: the first execution's key was released before that execution stored its answer, and it may still commit", final.status)
+	default:
+		story += fmt.Sprintf("; the retry got a fresh %d, not a replay: the first execution, if the server ran it, did not keep its key to the end, and may still commit", final.status)
 	}
 	if !ok {
 		r.Status = Fail
 		r.Evidence = story + "; counting failed afterwards (check 5)"
 		return r
 	}
+	counted := fmt.Sprintf("%d resources before, %d after", before, after)
+	stable := true
+	if !replay {
+		s, err := c.settle(ctx, before, 1, after)
+		if err != nil {
+			r.Status = Fail
+			r.Evidence = story + "; counting failed while waiting for the count to settle: " + errText(err)
+			return r
+		}
+		after, stable = s.n, s.stable
+		switch {
+		case s.n != s.atAnswer:
+			counted = fmt.Sprintf("%d resources before, %d right after the answer, %d %v later", before, s.atAnswer, s.n, s.waited.Round(time.Millisecond))
+		case s.stable:
+			counted += fmt.Sprintf(", unchanged for %v", c.Settle)
+		}
+		counts.n[len(counts.n)-1] = after
+	}
 	d := after - before
-	r.Evidence = fmt.Sprintf("%s; %d resources before, %d after (%+d)", story, before, after, d)
+	r.Evidence = fmt.Sprintf("%s; %s (%+d)", story, counted, d)
 	switch {
 	case d > 1:
 		r.Status = Fail
@@ -226,6 +310,10 @@ func (c *checker) disconnectThenRetry(ctx context.Context, key string, counts *c
 	case d < 1:
 		r.Status = Fail
 		r.Evidence += ": want +1, the resource of the answered request"
+	case !stable:
+		r.Status = Warn
+		r.Evidence += fmt.Sprintf("; the count did not stay the same for %v within %v", c.Settle, settleLimit*c.Settle)
+		r.Unproven = "the count kept changing after the answer: other writers to the collection? (scope --count-url)"
 	case !first.cut:
 		r.Status = Warn
 		r.Unproven = "the connection was not cut while the server worked"

@@ -103,6 +103,16 @@ func (g *cutGate) wrap(t *testing.T, h http.Handler) http.Handler {
 	})
 }
 
+// wouldStart reports whether start has not been called yet.
+func (g *cutGate) wouldStart() bool {
+	select {
+	case <-g.started:
+		return false
+	default:
+		return true
+	}
+}
+
 // start is called by the handler once it holds the key: the first time,
 // it delivers the cut request's disconnect and lets the retries in, and
 // reports true.
@@ -316,5 +326,172 @@ func TestStillInFlightFails(t *testing.T) {
 	r6 := rep.Results[5]
 	if r6.Status != idemcheck.Fail || !strings.Contains(r6.Evidence, "still 409 after retrying for 200ms") || r6.Statuses["409"] < 2 {
 		t.Fatalf("check 6: %s %s, statuses %v", r6.Status, r6.Evidence, r6.Statuses)
+	}
+}
+
+// releasingServer is idempotent for requests whose client stays (409
+// while in flight, replays marked), but when check 6's client goes away
+// its middleware releases the key, and the business work goes on and
+// commits later: the released execution's order is written only once
+// the check has counted after the retry's answer, so that a count taken
+// right after the answer cannot see it, and the next one does. With
+// conflictFirst, a retry meets the execution in flight (409) before the
+// release; without, the key is released before any retry comes. With
+// rollback instead, the released execution writes nothing: one order for
+// the key, which is correct.
+func releasingServer(t *testing.T, conflictFirst, rollback bool) (*httptest.Server, *orders) {
+	t.Helper()
+	o := &orders{}
+	gate := newCutGate()
+	type record struct {
+		body []byte
+		rec  *httptest.ResponseRecorder // nil while in flight
+	}
+	var (
+		mu       sync.Mutex
+		keys     = map[string]*record{}
+		late     func() // the released execution's commit, once the retry was answered
+		armed    bool
+		conflict = make(chan struct{})
+		once     sync.Once
+	)
+	release := func(key string, body []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		delete(keys, key)
+		if !rollback {
+			late = func() {
+				r := httptest.NewRequest(http.MethodPost, "/orders", bytes.NewReader(body))
+				o.create(httptest.NewRecorder(), r)
+			}
+		}
+	}
+	post := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		mu.Lock()
+		rec, seen := keys[key]
+		switch {
+		case seen && !bytes.Equal(rec.body, body):
+			mu.Unlock()
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			return
+		case seen && rec.rec == nil:
+			mu.Unlock()
+			w.WriteHeader(http.StatusConflict)
+			if key == disconnectKey {
+				once.Do(func() { close(conflict) })
+			}
+			return
+		case seen:
+			mu.Unlock()
+			for k, v := range rec.rec.Header() {
+				w.Header()[k] = v
+			}
+			w.Header().Set("Idempotent-Replayed", "true")
+			w.WriteHeader(rec.rec.Code)
+			_, _ = w.Write(rec.rec.Body.Bytes())
+			return
+		}
+		keys[key] = &record{body: body}
+		mu.Unlock()
+		if key == disconnectKey && !conflictFirst && gate.wouldStart() {
+			// The key is released before any retry is let in.
+			release(key, body)
+			gate.start()
+			return
+		}
+		if key == disconnectKey && conflictFirst && gate.start() {
+			<-r.Context().Done() // the client is gone
+			waitFor(t, conflict, "a retry to meet the execution in flight")
+			release(key, body)
+			return
+		}
+		out := httptest.NewRecorder()
+		o.create(out, r)
+		mu.Lock()
+		keys[key].rec = out
+		if key == disconnectKey && late != nil {
+			armed = true // the retry's fresh answer: the next count runs the late commit
+		}
+		mu.Unlock()
+		for k, v := range out.Header() {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(out.Code)
+		_, _ = w.Write(out.Body.Bytes())
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", gate.wrap(t, post))
+	mux.HandleFunc("GET /orders", func(w http.ResponseWriter, r *http.Request) {
+		o.listHandler(w, r)
+		mu.Lock()
+		commit := late
+		if !armed {
+			commit = nil
+		} else {
+			late = nil
+		}
+		mu.Unlock()
+		if commit != nil {
+			// After the list was written: this count does not see it.
+			commit()
+		}
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv, o
+}
+
+// A fresh answer to check 6's retry means that the cut execution did not
+// keep its key to the end; its work may still commit after the retry was
+// answered. Check 6 counts again until the count settles, and fails on
+// the second resource, whether or not a retry met the execution first.
+func TestLateCommitAfterAReleaseFails(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		conflictFirst bool
+		want          string
+	}{
+		{"after a 409", true, "after a 409: the first execution's key was released"},
+		{"no 409", false, "did not keep its key to the end"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv, o := releasingServer(t, c.conflictFirst, false)
+			rep := check(t, srv, idemcheck.Config{})
+			for _, r := range rep.Results[:5] {
+				if r.Status != idemcheck.Pass {
+					t.Errorf("check %d: %s %s; the server is correct there", r.ID, r.Status, r.Evidence)
+				}
+			}
+			r6 := rep.Results[5]
+			if r6.Status != idemcheck.Fail || rep.Passed || !strings.Contains(r6.Evidence, c.want) ||
+				!strings.Contains(r6.Evidence, "(+2): the operation ran 2 times") || !strings.Contains(r6.Evidence, "3 right after the answer, 4 ") {
+				t.Fatalf("check 6: %s %s; want a failure: 3 orders right after the answer, 4 later", r6.Status, r6.Evidence)
+			}
+			if (r6.Statuses["409"] > 0) != c.conflictFirst {
+				t.Fatalf("check 6 statuses %v", r6.Statuses)
+			}
+			if o.count() != 4 {
+				t.Fatalf("%d orders, want 4 (the disconnected key's two)", o.count())
+			}
+		})
+	}
+}
+
+// A server that releases the key of a cut execution and rolls its work
+// back has one order for the key: check 6 passes once the count has
+// stayed the same for Settle, and says why it waited.
+func TestReleaseAndRollbackPassesOnceSettled(t *testing.T) {
+	srv, o := releasingServer(t, true, true)
+	rep := check(t, srv, idemcheck.Config{Settle: 200 * time.Millisecond})
+	r6 := rep.Results[5]
+	if r6.Status != idemcheck.Pass || !rep.Passed || !strings.Contains(r6.Evidence, "key was released") ||
+		!strings.Contains(r6.Evidence, "3 after, unchanged for 200ms (+1)") {
+		t.Fatalf("check 6: %s %s; want a pass after the count settled", r6.Status, r6.Evidence)
+	}
+	if o.count() != 3 {
+		t.Fatalf("%d orders, want 3", o.count())
 	}
 }

@@ -28,7 +28,11 @@
 //     expected while the first still runs; they are retried for up to
 //     Config.InFlightWait), then a count: exactly one new resource. A
 //     server that runs the operation again after its client went away
-//     fails.
+//     fails. When the retry's answer is not a replay, the cut request's
+//     execution did not keep its key to the end (after a 409, its key was
+//     released while it ran), and its work may still commit after the
+//     retry was answered: the count is taken again until it has not
+//     changed for Config.Settle, and a second resource fails the check.
 //
 // Sequential duplicates prove nothing, since the first finishes before the
 // second looks; that is why check 1 fires its requests together.
@@ -72,8 +76,32 @@
 // header block fails the request), 4 MiB of body, of which the first 64
 // KiB are kept to show and compare and the rest only hashed (bodies are
 // compared on their first 4 MiB, and the connection of a longer one is
-// closed), and 16 MiB of the CountURL list, read as a stream. A password
-// in a URL is printed as xxxxx, in reports, JSON and errors alike.
+// closed), and 16 MiB of the CountURL list, read as a stream.
+//
+// # Credentials
+//
+// The credentials a configuration holds are not printed, in reports,
+// JSON or errors alike:
+//   - A URL's password is shown as xxxxx, and so is a user name alone
+//     (https://TOKEN@host), which is often a token; a user name before a
+//     password is shown. A URL that does not parse, or has an @ past its
+//     authority, is taken to have user info up to its last @ (a password
+//     holding an unencoded / ? # or space looks like that), so an error
+//     may hide more than the password of such a URL.
+//   - The values of query parameters whose names suggest a credential
+//     (access_token, api_key, sig, X-Amz-Signature, password, …) are shown
+//     as xxxxx.
+//   - Header values are never shown, not even in the error about a
+//     malformed -H, which names the header instead; nor are arguments
+//     that may be a credential the shell split from a flag's value.
+//   - The values of those parameters, of the password, and of headers
+//     whose names suggest a credential (Authorization, Cookie, X-Api-Key,
+//     …) are replaced by xxxxx wherever they appear, answers that echo
+//     them included (values of four characters or more: a shorter one
+//     would hide counts and statuses).
+//
+// The request body is never printed either, but an answer that echoes it
+// is shown as the server sent it: keep credentials out of -d.
 //
 // # Load mode
 //

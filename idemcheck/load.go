@@ -122,7 +122,7 @@ func Load(ctx context.Context, config LoadConfig) (*LoadReport, error) {
 		Client: config.Client, KeyFunc: config.KeyFunc,
 	})
 	if err != nil {
-		return nil, safeErr(err)
+		return nil, err
 	}
 	defer c.closeIdle()
 	if config.Duration <= 0 {
@@ -212,14 +212,14 @@ func Load(ctx context.Context, config LoadConfig) (*LoadReport, error) {
 	<-progressDone
 	progress()
 
-	rep := &LoadReport{URL: safeText(redactURL(c.URL)), Method: safeText(c.Method), Concurrency: config.Concurrency, Replay: config.Replay,
+	rep := &LoadReport{URL: c.secrets.text(shownURL(c.URL)), Method: safeText(c.Method), Concurrency: config.Concurrency, Replay: config.Replay,
 		Elapsed: elapsed, Statuses: map[int]int{}, Errors: map[string]int{}, Interrupted: ctx.Err() != nil}
 	var latencies []time.Duration
 	for _, samples := range perWorker {
 		for _, s := range samples {
 			rep.Requests++
 			if s.err != "" {
-				rep.Errors[s.err]++
+				rep.Errors[c.secrets.scrub(s.err, true)]++
 				rep.Failures++
 				continue
 			}
@@ -235,7 +235,7 @@ func Load(ctx context.Context, config LoadConfig) (*LoadReport, error) {
 	}
 	if len(latencies) == 0 && len(rep.Errors) > 0 && !rep.Interrupted {
 		for e := range rep.Errors {
-			return nil, safeErr(fmt.Errorf("%w %s: %s", ErrUnreachable, redactURL(c.URL), e))
+			return nil, safeErr(fmt.Errorf("%w %s: %s", ErrUnreachable, redactURL(c.URL), e), c.secrets)
 		}
 	}
 	if elapsed > 0 {

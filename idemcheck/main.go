@@ -37,7 +37,10 @@ WARN, FAIL or SKIP, with its evidence:
   4. sends a fresh key;
   5. counts the resources created for each key (--count-url);
   6. cuts a request's connection while the server works on it, retries
-     with its key until answered, and counts again (--count-url).
+     with its key until answered, and counts again (--count-url); when
+     the retry's answer is not a replay, the cut execution may still
+     commit, so the count is taken again until it stays the same for
+     --settle.
 
 Answers alone cannot show that duplicates ran once: a server may run each
 one and answer them all with the first answer. Only a count can, through
@@ -54,9 +57,15 @@ instead, and reports throughput, latency percentiles and a histogram.
 The checks create real resources (three per run on a correct endpoint):
 point them at a test environment. Of each answer at most 64 KiB of header
 and 4 MiB of body are read (the first 64 KiB kept, to show and compare, the
-rest hashed); the --count-url list is read as a stream, up to 16 MiB. A
-password in a URL is printed as xxxxx, and every byte a server sent is
-escaped before it is printed.
+rest hashed); the --count-url list is read as a stream, up to 16 MiB. Every
+byte a server sent is escaped before it is printed.
+
+Credentials are never printed: a URL's password (or a user name alone) and
+query parameters such as access_token or api_key are shown as xxxxx, -H
+values are never shown, and the values of those and of credential headers
+(Authorization, Cookie, X-Api-Key, ...) are hidden wherever they appear,
+answers that echo them included. Write / ? # @ % space and " percent-
+encoded in a URL's user name or password.
 
 Example:
   idem check -d '{"cart_id":"c_42","total_cents":1900}' \
@@ -65,22 +74,69 @@ Example:
 
 `
 
-// headerFlag collects repeated -H "Name: value" flags.
-type headerFlag struct{ h http.Header }
+// headerFlag collects repeated -H "Name: value" flags. A malformed one is
+// reported after parsing, by headerFlag itself: the flag package's own
+// error would quote the whole value, and a header's value is often a
+// credential (-H 'Authorization Bearer …' with its colon forgotten).
+type headerFlag struct {
+	h   http.Header
+	n   int   // -H flags seen
+	err error // the first malformed one
+}
 
 func (f *headerFlag) String() string { return "" }
 
 func (f *headerFlag) Set(v string) error {
+	f.n++
 	name, value, ok := strings.Cut(v, ":")
 	name = strings.TrimSpace(name)
-	if !ok || name == "" || strings.ContainsAny(name, " \t") {
-		return fmt.Errorf("want \"Name: value\", got %q", v)
+	if !ok || !headerName(name) {
+		if f.err == nil {
+			f.err = malformedHeader(f.n, v)
+		}
+		return nil
 	}
 	if f.h == nil {
 		f.h = http.Header{}
 	}
 	f.h.Add(name, strings.TrimSpace(value))
 	return nil
+}
+
+// malformedHeader describes the n-th -H flag, v, which is not "Name:
+// value", without its value: by its first word when that is a well-known
+// header name followed by more (-H 'Authorization Bearer …'), else by its
+// position (the first word of -H 's3cr3t t0ken' is a piece of a
+// credential).
+func malformedHeader(n int, v string) error {
+	which := fmt.Sprintf("-H flag %d", n)
+	if f := strings.Fields(v); len(f) > 1 && wellKnownHeaders[http.CanonicalHeaderKey(f[0])] {
+		which = fmt.Sprintf("-H %q", http.CanonicalHeaderKey(f[0])+" …")
+	}
+	return fmt.Errorf("%s: want \"Name: value\", a header name then a colon (the value is not shown: it may hold a credential)", which)
+}
+
+// wellKnownHeaders are names a malformed -H may be told by.
+var wellKnownHeaders = map[string]bool{
+	"Authorization": true, "Proxy-Authorization": true, "Cookie": true, "X-Api-Key": true, "Api-Key": true,
+	"X-Auth-Token": true, "X-Access-Token": true, "X-Csrf-Token": true, "X-Xsrf-Token": true,
+	"Content-Type": true, "Accept": true, "Accept-Language": true, "User-Agent": true, "Host": true,
+	"Origin": true, "Referer": true, "If-Match": true, "If-None-Match": true, "X-Tenant-Id": true,
+	"X-Request-Id": true, "X-Forwarded-For": true, "Idempotency-Key": true, "X-Idempotency-Key": true,
+}
+
+// headerName reports whether s is a header field name: one or more token
+// characters (RFC 9110 §5.6.2).
+func headerName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r >= 0x80 || !(r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || strings.ContainsRune("!#$%&'*+-.^_`|~", r)) {
+			return false
+		}
+	}
+	return true
 }
 
 // Main runs `idem check` with args (the arguments after "check"), writing
@@ -105,6 +161,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	replay := fs.Bool("replay", false, "load mode: one key per worker, so requests after its first are replays")
 	disconnectAfter := fs.Duration("disconnect-after", 0, "check 6: cut the first request's connection this long after sending it (0: at once);\nabout half the handler's time cuts it midway")
 	inFlightWait := fs.Duration("in-flight-wait", DefaultInFlightWait, "check 6: how long to keep retrying while answered 409")
+	settle := fs.Duration("settle", DefaultSettle, "check 6: when the retry's answer is not a replay, how long the count must stay the same\nbefore it is final (the cut execution may still commit)")
 
 	fail := func(format string, a ...any) int {
 		fmt.Fprintln(stderr, "idem check: "+safeText(fmt.Sprintf(format, a...)))
@@ -118,7 +175,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				printFlags(stdout, fs)
 				return ExitPass
 			}
-			return fail("%s; %s", longDashes(err.Error()), usageShort)
+			return fail("%s; %s", longDashes(flagError(err, fs)), usageShort)
 		}
 		if fs.NArg() == 0 {
 			break
@@ -126,11 +183,20 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		positional = append(positional, fs.Arg(0))
 		rest = fs.Args()[1:]
 	}
+	if headers.err != nil {
+		return fail("%v; %s", headers.err, usageShort)
+	}
 	if len(positional) != 1 {
 		if len(positional) == 0 {
 			return fail("missing URL; %s", usageShort)
 		}
-		return fail("want one URL, got %d arguments (%s); %s", len(positional), strings.Join(positional, " "), usageShort)
+		// The arguments are not shown: a flag's value split by the shell
+		// at a space (-H Authorization: Bearer …) leaves the credential
+		// among them.
+		return fail("want one URL, got %d arguments (not shown: one may be a credential, split from a flag's value at a space: quote such values); %s", len(positional), usageShort)
+	}
+	if *settle <= 0 {
+		return fail("--settle must be positive, got %v; %s", *settle, usageShort)
 	}
 	body := []byte(*data)
 	if strings.HasPrefix(*data, "@") {
@@ -163,7 +229,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rep, err := Check(ctx, Config{
 		URL: positional[0], Method: *method, Body: body, Header: header, KeyHeader: *keyHeader,
 		Concurrency: *n, CountURL: *countURL, Timeout: *timeout,
-		DisconnectAfter: *disconnectAfter, InFlightWait: *inFlightWait,
+		DisconnectAfter: *disconnectAfter, InFlightWait: *inFlightWait, Settle: *settle,
 	})
 	if err != nil {
 		return fail("%v", err)
@@ -255,6 +321,62 @@ func dashes(name string) string {
 		return "-"
 	}
 	return "--"
+}
+
+// flagError is the text of one of the flag package's errors, without the
+// name of an unknown flag unless it reads as a flag name (lower-case
+// words): a credential that begins with a dash, split by the shell from a
+// flag's value at a space, is taken for a flag. The nearest known flag is
+// suggested instead.
+func flagError(err error, fs *flag.FlagSet) string {
+	msg := err.Error()
+	name, ok := strings.CutPrefix(msg, "flag provided but not defined: -")
+	if !ok {
+		return msg
+	}
+	name = strings.TrimPrefix(name, "-")
+	near := ""
+	fs.VisitAll(func(f *flag.Flag) {
+		if len(f.Name) > 1 && editDistance(f.Name, name) <= max(2, len(f.Name)/4) {
+			near = f.Name
+		}
+	})
+	plain := len(name) <= 20
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r == '-') {
+			plain = false
+		}
+	}
+	switch {
+	case plain && near != "":
+		return fmt.Sprintf("%s (did you mean -%s?)", msg, near)
+	case plain:
+		return msg
+	case near != "":
+		return fmt.Sprintf("an unknown flag (not shown: it may be a credential split from a flag's value at a space; did you mean -%s?)", near)
+	}
+	return "an unknown flag (not shown: it may be a credential, split from a flag's value at a space: quote such values)"
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 // flagName is a flag named in one of the flag package's errors, with the

@@ -11,27 +11,24 @@ import (
 )
 
 // What a report prints comes from two sources that must not be trusted
-// with a terminal: the operator's URLs, which may hold a password, and the
-// server, which chooses every byte of its answers. Every string a report,
-// an error or the JSON output carries goes through safeText.
+// with a terminal: the operator's configuration, which may hold
+// credentials (see secrets.go), and the server, which chooses every byte
+// of its answers. Every string a report, an error or the JSON output
+// carries goes through safeText, after the configuration's secrets were
+// replaced.
 
 // userinfo matches the userinfo of a URL inside any text: scheme://user:
 // then the password, up to the last @ before the host. net/http's own
 // redaction (user:***@) matches too, and reads the same as ours afterwards.
+// It is a last guard, for URLs in text the checks did not write (a
+// server's answer); the URLs of the configuration are redacted by
+// redactURL, which does not stop at a / # or space.
 var userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s:"]*):[^/?#\s"]*@`)
 
 // redactText replaces the password of every URL in s with xxxxx, as
 // url.URL.Redacted does, whether or not the URL parses.
 func redactText(s string) string {
 	return userinfo.ReplaceAllString(s, "${1}:xxxxx@")
-}
-
-// redactURL is raw with its password replaced by xxxxx.
-func redactURL(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		return u.Redacted()
-	}
-	return redactText(raw)
 }
 
 // printable escapes every rune a terminal could act on instead of showing
@@ -76,18 +73,22 @@ func safeText(s string) string {
 	return printable(redactText(s))
 }
 
-// safeError carries an error whose text is fit to print, and keeps the
-// error itself for errors.Is and errors.As.
-type safeError struct{ err error }
+// safeError carries an error whose text is fit to print, the
+// configuration's secrets replaced, and keeps the error itself for
+// errors.Is and errors.As.
+type safeError struct {
+	err     error
+	secrets *secrets
+}
 
-func (e safeError) Error() string { return safeText(e.err.Error()) }
+func (e safeError) Error() string { return safeText(e.secrets.scrub(e.err.Error(), true)) }
 func (e safeError) Unwrap() error { return e.err }
 
-func safeErr(err error) error {
+func safeErr(err error, s *secrets) error {
 	if err == nil || errors.As(err, new(safeError)) {
 		return err
 	}
-	return safeError{err}
+	return safeError{err, s}
 }
 
 // errText is an error on one line, fit to print, without the

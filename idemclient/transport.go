@@ -174,8 +174,9 @@ func orDefault[T int | int64 | time.Duration](v, def T) T {
 
 // RoundTrip sends req, retrying it as the package documentation describes.
 // It returns the last response, or the last error when the last attempt
-// got no response. When the request's context ends during a pause,
-// RoundTrip returns the context's error.
+// got no response. When the request's context has ended before an
+// attempt, or ends during a pause, RoundTrip sends nothing more and
+// returns the context's error.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	tr := TraceFrom(req.Context())
 	if tr == nil {
@@ -217,6 +218,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	var budget retryBudget
 	for {
+		if ctx.Err() != nil {
+			// The caller gave up before this attempt: before the first
+			// one, as a pause ended, or while http.Client was following a
+			// redirect. Nothing more is sent.
+			if budget.attempts == 0 && body.first != nil {
+				_ = body.first.Close() // a RoundTripper closes the body it was given
+			}
+			return nil, context.Cause(ctx)
+		}
 		r := req.Clone(ctx)
 		if r.Header == nil {
 			r.Header = make(http.Header) // as http.Client does; Clone keeps a nil map

@@ -657,3 +657,124 @@ func TestNoThirdPartyImports(t *testing.T) {
 		}
 	}
 }
+
+// endedBase sends each attempt through http.DefaultTransport and counts
+// those it is given after their context has ended; after, when set, runs
+// once the n-th attempt (from 1) got its outcome.
+type endedBase struct {
+	mu       sync.Mutex
+	attempts int
+	afterEnd int
+	after    func(n int)
+}
+
+func (b *endedBase) RoundTrip(r *http.Request) (*http.Response, error) {
+	b.mu.Lock()
+	b.attempts++
+	n := b.attempts
+	if r.Context().Err() != nil {
+		b.afterEnd++
+	}
+	b.mu.Unlock()
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if b.after != nil {
+		b.after(n)
+	}
+	return resp, err
+}
+
+func (b *endedBase) counts() (attempts, afterEnd int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.attempts, b.afterEnd
+}
+
+// closeCounter is a request body that counts its Close calls.
+type closeCounter struct {
+	io.Reader
+	mu     sync.Mutex
+	closed int
+}
+
+func (c *closeCounter) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed++
+	return nil
+}
+
+// No attempt reaches the base transport once the caller's context has
+// ended, whether it ended before the call, as a pause ended, or while
+// http.Client was following a redirect: the Transport returns the
+// context's error, and closes a body it was given and did not send.
+func TestNoAttemptAfterTheContextEnded(t *testing.T) {
+	t.Run("before the call", func(t *testing.T) {
+		srv, s := scripted(t, func(_ int, w http.ResponseWriter) { w.WriteHeader(http.StatusCreated) })
+		for _, body := range []io.Reader{strings.NewReader("x"), &closeCounter{Reader: strings.NewReader("x")}} {
+			base := &endedBase{}
+			tp := fastTransport()
+			tp.Base = base
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, body)
+			if c, ok := body.(*closeCounter); ok {
+				// A body the Transport rewinds through GetBody, not one
+				// it reads (and closes) to keep it.
+				req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader("x")), nil }
+				req.Body = c
+			}
+			resp, err := tp.RoundTrip(req)
+			if resp != nil || !errors.Is(err, context.Canceled) {
+				t.Fatalf("got %v, %v; want context.Canceled", resp, err)
+			}
+			if attempts, _ := base.counts(); attempts != 0 || s.count() != 0 {
+				t.Fatalf("%d attempts reached the base transport, %d the server; want none", attempts, s.count())
+			}
+			if c, ok := body.(*closeCounter); ok && c.closed != 1 {
+				t.Fatalf("the request body was closed %d times, want once", c.closed)
+			}
+		}
+	})
+	t.Run("as a pause ends", func(t *testing.T) {
+		srv, s := scripted(t, func(_ int, w http.ResponseWriter) { w.WriteHeader(http.StatusServiceUnavailable) })
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// The first answer is retryable; the context ends as it comes
+		// back, and the pause before the retry is (close to) nothing.
+		base := &endedBase{after: func(int) { cancel() }}
+		tp := &Transport{Base: base, BaseDelay: time.Nanosecond, MaxDelay: time.Nanosecond}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("x"))
+		_, err := NewClient(tp).Do(req)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want context.Canceled", err)
+		}
+		if attempts, afterEnd := base.counts(); attempts != 1 || afterEnd != 0 || s.count() != 1 {
+			t.Fatalf("%d attempts, %d after the context ended, %d requests; want 1, 0, 1", attempts, afterEnd, s.count())
+		}
+	})
+	t.Run("during a redirect", func(t *testing.T) {
+		srv, s := scripted(t, func(n int, w http.ResponseWriter) {
+			if n == 1 {
+				w.Header().Set("Location", "/next")
+				w.WriteHeader(http.StatusTemporaryRedirect)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// The 307 comes back as the context ends: http.Client follows it
+		// all the same, through the Transport.
+		base := &endedBase{after: func(int) { cancel() }}
+		tp := fastTransport()
+		tp.Base = base
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("x"))
+		_, err := NewClient(tp).Do(req)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want context.Canceled", err)
+		}
+		if attempts, afterEnd := base.counts(); attempts != 1 || afterEnd != 0 || s.count() != 1 {
+			t.Fatalf("%d attempts, %d after the context ended, %d requests; want 1, 0, 1", attempts, afterEnd, s.count())
+		}
+	})
+}
