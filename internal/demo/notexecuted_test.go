@@ -24,10 +24,10 @@ func TestValidationAnswersAreNotStored(t *testing.T) {
 			url := s.url + "/orders"
 			huge := `{"cart_id":"c_42","total_cents":1900,"pad":"` + strings.Repeat("x", maxOrderBody) + `"}`
 			for i, bad := range []struct {
-				name        string
-				req         Req
-				status      int
-				slug        string
+				name   string
+				req    Req
+				status int
+				slug   string
 			}{
 				{"wrong Content-Type", Req{URL: url, Body: GoodOrder, ContentType: "text/plain"}, 415, "unsupported-media-type"},
 				{"bad JSON", Req{URL: url, Body: `{"cart_id":"c_42",`}, 400, "invalid-order"},
