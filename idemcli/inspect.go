@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/internal/demo"
 	"github.com/idem-go/idem/internal/fieldtext"
@@ -36,7 +37,7 @@ type InspectOpts struct {
 	Tenant string
 	// Consumer, when set, looks the key up under the tenant of that
 	// ideminbox consumer ("\x1finbox:" and the name) instead of Tenant:
-	// the key is then a message id.
+	// Key is then a message id, looked up as ideminbox.Key(Key).
 	Consumer string
 	// Key is the Idempotency-Key to look up.
 	Key string
@@ -76,7 +77,7 @@ the times themselves are the store's.
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	opts := InspectOpts{}
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
-	fs.StringVar(&opts.Key, "key", "", "the Idempotency-Key to look up (required)")
+	fs.StringVar(&opts.Key, "key", "", "the Idempotency-Key to look up, or the message id with --consumer (required)")
 	fs.StringVar(&opts.Tenant, "tenant", defaultTenant, "the `tenant` of the key (the demo's: the Bearer name)")
 	fs.StringVar(&opts.Consumer, "consumer", "", "the ideminbox consumer `name` whose message id KEY is (instead of --tenant)")
 	fs.StringVar(&opts.DB, "db", DefaultDB, dbFlagHelp)
@@ -108,12 +109,13 @@ func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 	if opts.Key == "" {
 		return usagef("--key is required")
 	}
-	if err := idem.ValidateKey(opts.Key); err != nil {
-		return usagef("--key: %v", err)
-	}
-	tenant := opts.Tenant
+	tenant, key := opts.Tenant, opts.Key
 	if opts.Consumer != "" {
-		tenant = inboxTenantPrefix + opts.Consumer
+		// The inbox keys a message by its id, hashed when the id is not
+		// a valid key: any id may be asked for.
+		tenant, key = inboxTenantPrefix+opts.Consumer, ideminbox.Key(opts.Key)
+	} else if err := idem.ValidateKey(opts.Key); err != nil {
+		return usagef("--key: %v", err)
 	}
 	var store idem.Store
 	if opts.Keys != "" {
@@ -132,9 +134,9 @@ func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 		defer cn.Close() //nolint:errcheck // nothing was written
 		store = cn.keyStore()
 	}
-	rec, err := store.Get(ctx, tenant, opts.Key)
+	rec, err := store.Get(ctx, tenant, key)
 	if errors.Is(err, idem.ErrNotFound) {
-		return fmt.Errorf("%w for key %s under tenant %s (never used, released after a failure, or purged)", errNoRecord, strconv.Quote(opts.Key), strconv.Quote(tenant))
+		return fmt.Errorf("%w for key %s under tenant %s (never used, released after a failure, or purged)", errNoRecord, strconv.Quote(key), strconv.Quote(tenant))
 	}
 	if err != nil {
 		return fmt.Errorf("read the record: %w", err)

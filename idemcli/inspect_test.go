@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/internal/fieldtext"
 	"github.com/idem-go/idem/internal/testenv"
@@ -193,7 +194,7 @@ func TestInspectEscapes(t *testing.T) {
 			ctx := context.Background()
 			consumer := testenv.Name() + "\u009b2J"
 			tenant := inboxTenantPrefix + consumer
-			store, where := openInspectStore(t, kind.fresh, tenant, "ref", "body")
+			store, where := openInspectStore(t, kind.fresh, tenant, "ref", "body", ideminbox.Key(strings.Repeat("m", 300)))
 			complete := func(key string, res idem.Result) {
 				t.Helper()
 				if _, err := store.Claim(ctx, idem.ClaimParams{Tenant: tenant, Key: key, Token: 1, Lease: time.Minute, Retention: time.Hour}); err != nil {
@@ -239,6 +240,13 @@ func TestInspectEscapes(t *testing.T) {
 						t.Errorf("inspect %s: the JSON reads back as tenant %q (%v), want %q", args, v.Tenant, err, tenant)
 					}
 				}
+			}
+			// A message id that is not a valid key is looked up hashed, as
+			// the inbox keeps it.
+			longID := strings.Repeat("m", 300)
+			complete(ideminbox.Key(longID), idem.Result{Status: 200})
+			if code, out, errOut := run(append(append([]string{"inspect", "--consumer", consumer}, where...), "--key", longID)...); code != ExitOK || !strings.Contains(out, `"sha256:`) {
+				t.Errorf("inspect --consumer of a long message id: exit %d, stderr %q\n%s", code, errOut, out)
 			}
 			code, _, errOut := run(append(append([]string{"inspect", "--consumer", consumer + "x"}, where...), "--key", "ref")...)
 			if code != ExitFailure || !strings.Contains(errOut, `under tenant "\x1finbox:`) || strings.ContainsFunc(strings.TrimSuffix(errOut, "\n"), fieldtext.IsCTL) {

@@ -26,7 +26,7 @@ func TestOrdersOnEachDatabase(t *testing.T) {
 			s := start(t, kind.open(t), nil)
 			url := s.url + "/orders"
 
-			// The seed's test, 20 duplicates at once.
+			// The article's test, 20 duplicates at once.
 			reqs := make([]Req, 20)
 			for i := range reqs {
 				reqs[i] = Req{Method: "POST", URL: url, Body: GoodOrder, Key: "seed-key"}

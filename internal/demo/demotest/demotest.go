@@ -1,6 +1,6 @@
 // Package demotest drives the demo orders API (internal/demo) in tests,
 // in-process or in an `idem serve` process: requests sent one by one or
-// duplicates released at the same instant, and the checks of the seed's
+// duplicates released at the same instant, and the checks of the article's
 // test (exactly one effect).
 package demotest
 
