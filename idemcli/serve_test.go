@@ -62,7 +62,15 @@ func TestStalledConnectionsAreClosed(t *testing.T) {
 		closedWithin(t, conn, conn, failAfter)
 	})
 	t.Run("idle", func(t *testing.T) {
-		conn := dial(t)
+		// A server of its own, whose read timeout cannot close the
+		// connection before the test, descheduled on a busy machine,
+		// has sent its first request: only the idle timeout is short.
+		idle := serveInProcess(t, serveOpts{db: sqliteDB(t), readTimeout: 2 * time.Minute, idleTimeout: 300 * time.Millisecond})
+		conn, err := net.Dial("tcp", idle.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
 		io.WriteString(conn, "GET /orders HTTP/1.1\r\nHost: idem\r\n\r\n")
 		br := bufio.NewReader(conn)
 		resp, err := http.ReadResponse(br, nil)
