@@ -328,8 +328,8 @@ func TestServePurgesInBackground(t *testing.T) {
 	store := idemsql.New(db, idemsql.SQLite)
 	// The 201 came after the record's commit; the record may be gone
 	// already by the time the test looks (its retention is short, the
-	// machine may be slow), so the proof that the janitor deleted it is
-	// its absence plus the janitor's own count.
+	// machine may be slow). Get reads the row, expired or not, and only
+	// the janitor deletes a complete record: its absence is the purge.
 	for i := 0; ; i++ {
 		_, err := store.Get(context.Background(), defaultTenant, "short-lived")
 		if errors.Is(err, idem.ErrNotFound) {
@@ -340,13 +340,16 @@ func TestServePurgesInBackground(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// After the exit, once every line the process wrote has been read:
-	// the deletion may be seen in the database before its log line
-	// crosses the pipe.
-	p.stop()
-	if !strings.Contains(p.log(), `purged expired records" deleted=1`) {
-		t.Errorf("the janitor did not log its deletion:\n%s", p.log())
+	// The janitor logs its pass once its delete has committed: the line
+	// may still be on its way, and a stop now could end the pass before
+	// it logs, so wait for it first.
+	for i := 0; !strings.Contains(p.log(), `purged expired records" deleted=1`); i++ {
+		if i == 1000 {
+			t.Fatalf("the janitor did not log its deletion:\n%s", p.log())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
+	p.stop()
 }
 
 // TestReleaseBuildHasNoFaultHook: the binary users build has no crash
