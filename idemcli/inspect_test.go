@@ -193,7 +193,7 @@ func TestInspectEscapes(t *testing.T) {
 		t.Run(kind.name, func(t *testing.T) {
 			ctx := context.Background()
 			consumer := testenv.Name() + "\u009b2J"
-			tenant := inboxTenantPrefix + consumer
+			tenant := ideminbox.Tenant(consumer)
 			store, where := openInspectStore(t, kind.fresh, tenant, "ref", "body", ideminbox.Key(strings.Repeat("m", 300)))
 			complete := func(key string, res idem.Result) {
 				t.Helper()

@@ -178,7 +178,9 @@ type server struct {
 }
 
 // newServer opens the databases, creates the tables and builds the demo.
-func newServer(ctx context.Context, opts *serveOpts, logger *slog.Logger) (*server, error) {
+// When hardStop ends, the requests still running after their clients went
+// away end too (demo.Config.ShutdownContext).
+func newServer(ctx, hardStop context.Context, opts *serveOpts, logger *slog.Logger) (*server, error) {
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
@@ -186,7 +188,7 @@ func newServer(ctx context.Context, opts *serveOpts, logger *slog.Logger) (*serv
 	if err != nil {
 		return nil, err
 	}
-	s, err := buildServer(ctx, c, opts, logger)
+	s, err := buildServer(ctx, hardStop, c, opts, logger)
 	if err != nil {
 		c.Close() //nolint:errcheck // the build error is the one to report
 		return nil, err
@@ -194,7 +196,7 @@ func newServer(ctx context.Context, opts *serveOpts, logger *slog.Logger) (*serv
 	return s, nil
 }
 
-func buildServer(ctx context.Context, c *conn, opts *serveOpts, logger *slog.Logger) (*server, error) {
+func buildServer(ctx, hardStop context.Context, c *conn, opts *serveOpts, logger *slog.Logger) (*server, error) {
 	var store idem.Store
 	if opts.keys != "" {
 		rs, err := c.useRedis(ctx, opts.keys, &idemredis.Config{Logger: logger})
@@ -221,6 +223,7 @@ func buildServer(ctx context.Context, c *conn, opts *serveOpts, logger *slog.Log
 	cfg.Engine = engine
 	cfg.RequireKey = opts.requireKey
 	cfg.HandlerDelay = opts.handlerDelay
+	cfg.ShutdownContext = hardStop
 	cfg.Logger = logger
 	app, err := demo.New(cfg)
 	if err != nil {
@@ -246,7 +249,12 @@ var errForcedStop = errors.New("requests still running after the grace period we
 // an error when requests had to be cancelled.
 func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 	logger := c.logger()
-	s, err := newServer(ctx, opts, logger)
+	// hardStop is the base of every request's context, and ends the
+	// requests idemhttp lets run on after their clients went away: it is
+	// cancelled when the grace period of a shutdown is over.
+	hardStop, stopHard := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopHard()
+	s, err := newServer(ctx, hardStop, opts, logger)
 	if err != nil {
 		return err
 	}
@@ -277,6 +285,7 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 		// for as long as the client likes. A handler that outlives the
 		// write timeout still completes and stores its answer; only its
 		// connection is lost, and the client's retry gets the replay.
+		BaseContext:       func(net.Listener) context.Context { return hardStop },
 		ReadHeaderTimeout: readHeader,
 		ReadTimeout:       read,
 		WriteTimeout:      write,
@@ -325,12 +334,14 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 	defer cancel()
 	err = srv.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
-		// Cancel what still runs: the engine rolls it back and releases
-		// its keys, so retries run it again elsewhere. Close does not wait
-		// for the handlers; they must finish before the database handle
-		// closes, or the releases fail and the keys stay locked for a
-		// whole lease.
+		// Cancel what still runs, requests whose clients went away
+		// included: the engine rolls it back and releases its keys, so
+		// retries run it again elsewhere. Close does not wait for the
+		// handlers; they must finish before the database handle closes,
+		// or the releases fail and the keys stay locked for a whole
+		// lease.
 		logger.Warn("requests still running after the grace period; cancelling them")
+		stopHard()
 		err = errors.Join(errForcedStop, srv.Close())
 		finished := make(chan struct{})
 		go func() { running.Wait(); close(finished) }()

@@ -42,6 +42,12 @@ type Config struct {
 	// HandlerDelay is slept by POST /orders inside its transaction, before
 	// the order is written, to make the in-flight window visible.
 	HandlerDelay time.Duration
+	// ShutdownContext, when it ends, ends the requests still running
+	// after their clients went away (idemhttp lets them run on, so that
+	// the retry gets their stored answer): their writes roll back and
+	// their keys are released. The server cancels it when it must stop at
+	// once. Defaults to none.
+	ShutdownContext context.Context
 	// Logger receives one line per request and the errors. Defaults to
 	// discarding.
 	Logger *slog.Logger
@@ -82,8 +88,9 @@ func New(cfg Config) (*App, error) {
 		Engine:     cfg.Engine,
 		RequireKey: cfg.RequireKey,
 		// withTenant, in front, has already refused malformed credentials.
-		TenantFunc: func(r *http.Request) (string, error) { return TenantFrom(r.Context()), nil },
-		Logger:     logger,
+		TenantFunc:      func(r *http.Request) (string, error) { return TenantFrom(r.Context()), nil },
+		ShutdownContext: cfg.ShutdownContext,
+		Logger:          logger,
 	})
 	if err != nil {
 		return nil, err

@@ -87,6 +87,9 @@ type server struct {
 	store idem.Store
 	url   string
 	logs  *syncBuffer
+	// stopHard ends the requests still running after their clients went
+	// away (Config.ShutdownContext), as a server stopping at once does.
+	stopHard context.CancelFunc
 }
 
 // start builds the demo on b (its settings changed by mod, when given)
@@ -99,9 +102,11 @@ func start(t *testing.T, b backend, mod func(*Config)) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	hardStop, stopHard := context.WithCancel(context.Background())
 	cfg := b.cfg
 	cfg.Engine = engine
 	cfg.Logger = logger
+	cfg.ShutdownContext = hardStop
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -114,13 +119,14 @@ func start(t *testing.T, b backend, mod func(*Config)) *server {
 	}
 	ts := httptest.NewServer(app.Handler())
 	t.Cleanup(func() {
+		stopHard()
 		ts.Close()
 		engine.Close(context.Background())
 		if t.Failed() {
 			t.Logf("server logs:\n%s", logs)
 		}
 	})
-	return &server{app: app, store: b.store, url: ts.URL, logs: logs}
+	return &server{app: app, store: b.store, url: ts.URL, logs: logs, stopHard: stopHard}
 }
 
 // count returns how many orders tenant has for cartID.

@@ -53,8 +53,10 @@ func (a *App) create(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			// Nothing was written: the layer rolls back and releases the
-			// key, as it does for any cancelled request.
+			// The server is stopping at once (or the lease was lost):
+			// nothing was written, and the layer rolls back and releases
+			// the key. A client that merely went away does not end ctx:
+			// its request runs on, for its retry to get the answer.
 			refuse(w, r, http.StatusServiceUnavailable, "cancelled", "Request cancelled", "The request ended before the order was written.")
 			return
 		case <-t.C:
