@@ -99,7 +99,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	durationVar(fs, &opts.lease, "lease", idem.DefaultLease, "how long a running request holds its key before a retry may take it over")
 	durationVar(fs, &opts.retention, "retention", idem.DefaultRetention, "how long a key is remembered and its answer replayed (at least --lease)")
 	fs.BoolVar(&opts.requireKey, "require-key", false, "answer 400 to a POST without Idempotency-Key")
-	durationVar(fs, &opts.handlerDelay, "handler-delay", 0, "sleep this long inside the transaction of POST /orders, to make the in-flight window visible")
+	durationVar(fs, &opts.handlerDelay, "handler-delay", 0, "sleep this long in POST /orders once its key is claimed, to make the in-flight window visible")
 	durationVar(fs, &opts.purgeInterval, "purge-interval", defaultPurgeInterval, "delete expired records this often; 0 turns the janitor off (Redis, with --keys, expires them itself)")
 	durationVar(fs, &opts.readTimeout, "read-timeout", defaultReadTimeout, "close a connection whose request (headers and body) takes longer to arrive")
 	durationVar(fs, &opts.writeTimeout, "write-timeout", 0, "close a connection whose answer is not sent this long after its request's headers\n(default --read-timeout + --handler-delay + 30s)")

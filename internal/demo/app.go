@@ -39,8 +39,8 @@ type Config struct {
 	Engine *idem.Engine
 	// RequireKey answers 400 to a POST /orders without Idempotency-Key.
 	RequireKey bool
-	// HandlerDelay is slept by POST /orders inside its transaction, before
-	// the order is written, to make the in-flight window visible.
+	// HandlerDelay is slept by POST /orders once its key is claimed,
+	// before its first statement, to make the in-flight window visible.
 	HandlerDelay time.Duration
 	// ShutdownContext, when it ends, ends the requests still running
 	// after their clients went away (idemhttp lets them run on, so that

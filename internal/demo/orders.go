@@ -45,10 +45,9 @@ func (a *App) create(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	if a.delay > 0 {
-		// The transaction is open: on PostgreSQL and MariaDB a retry now
-		// finds the key in flight (409). On SQLite the transaction holds
-		// the database's single write lock from BEGIN IMMEDIATE, so a retry
-		// waits for the commit (up to idemsql's busy timeout) and replays.
+		// The key is claimed and the handler's transaction not begun yet
+		// (it begins at its first statement, even on SQLite): a retry now
+		// finds the key in flight (409) on every database.
 		t := time.NewTimer(a.delay)
 		select {
 		case <-ctx.Done():
