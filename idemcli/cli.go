@@ -1,16 +1,18 @@
-// Package idemcli is the idem command line: the demo orders API (serve),
-// the schema migration of the idempotency records (migrate), their purge
-// (purge) and the live-API checker (check).
+// Package idemcli is the idem command line, one command per file: serve
+// (the demo orders API, internal/demo, behind the idempotency middleware),
+// migrate (the schema of the idempotency records), purge (their expired
+// rows), inspect (one record), check (a live API, idemcheck) and version.
 //
 // cmd/idem is a thin main over Main, so that the commands can be run and
 // tested in-process.
 //
 // # Commands
 //
-// Each command is a struct with a Run(ctx, opts) method and an options
-// struct that its flags fill: Serve and ServeOpts, Migrate and MigrateOpts,
-// Purge and PurgeOpts. A program that embeds idem can run them without
-// going through flags.
+// The maintenance commands are also structs with a Run(ctx, opts) method
+// and an options struct that their flags fill: Migrate and MigrateOpts,
+// Purge and PurgeOpts, Inspect and InspectOpts. A program that embeds idem
+// can run them without going through flags. The demo server has no such
+// API: it is a demo, run through Main.
 package idemcli
 
 import (
@@ -20,12 +22,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"runtime/debug"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
-	"github.com/idem-go/idem/idemcheck"
+	"github.com/idem-go/idem/internal/fieldtext"
 )
 
 // Exit statuses of Main.
@@ -68,48 +70,26 @@ func usagef(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
 }
 
-// command is one entry of the command table: how to parse its flags and run
-// it.
+// command is one entry of the command table.
 type command struct {
 	name    string
 	summary string
-	// run parses args (its own flags and --help) and runs the command.
+	// run parses args (its own flags and --help) and runs the command;
+	// Main prints its error.
 	run func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+	// main, set instead of run, owns its flags, help, errors and exit
+	// status.
+	main func(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
 func commands() []command {
 	return []command{
-		{
-			name:    "serve",
-			summary: "run the demo orders API behind the idempotency middleware",
-			run:     runServe,
-		},
-		{
-			name:    "migrate",
-			summary: "create or update the idempotency records table",
-			run:     runMigrate,
-		},
-		{
-			name:    "purge",
-			summary: "delete idempotency records past their retention, once",
-			run:     runPurge,
-		},
-		{
-			name:    "inspect",
-			summary: "print the idempotency record of one key: state, lease, stored answer",
-			run:     runInspect,
-		},
-		{
-			name:    "check",
-			summary: "fire identical requests with one key at a live API and verify one effect",
-			// run stays nil: check owns its flags, help and exit statuses
-			// (idemcheck.Main).
-		},
-		{
-			name:    "version",
-			summary: "print the version of idem",
-			run:     runVersion,
-		},
+		{name: "serve", summary: "run the demo orders API behind the idempotency middleware", run: runServe},
+		{name: "migrate", summary: "create or update the idempotency records table", run: runMigrate},
+		{name: "purge", summary: "delete idempotency records past their retention, once", run: runPurge},
+		{name: "inspect", summary: "print the idempotency record of one key: state, lease, stored answer", run: runInspect},
+		{name: "check", summary: "fire identical requests with one key at a live API and verify one effect", main: runCheck},
+		{name: "version", summary: "print the version of idem", run: runVersion},
 	}
 }
 
@@ -134,7 +114,8 @@ func printMainHelp(w io.Writer) {
 // Main runs the idem command line. args excludes the program name. It
 // returns the exit status: ExitOK, ExitFailure, or ExitUsage for a command
 // line that cannot run. Every error is one line on stderr, prefixed with the
-// command ("idem serve: …"). ctx ends the command early (serve stops
+// command ("idem serve: …"), with its control characters escaped and no
+// password from a URL among args. ctx ends the command early (serve stops
 // cleanly when it ends).
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -151,8 +132,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if c.name != name {
 			continue
 		}
-		if c.name == "check" {
-			return idemcheck.Main(ctx, args[1:], stdout, stderr)
+		if c.main != nil {
+			return c.main(ctx, args[1:], stdout, stderr)
 		}
 		err := c.run(ctx, args[1:], stdout, stderr)
 		switch {
@@ -161,22 +142,41 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case errors.Is(err, flag.ErrHelp):
 			return ExitOK
 		}
-		fmt.Fprintf(stderr, "idem %s: %s\n", c.name, oneLine(err.Error()))
+		fmt.Fprintf(stderr, "idem %s: %s\n", c.name, errorLine(err, args[1:]))
 		var ue *usageError
 		if errors.As(err, &ue) {
 			return ExitUsage
 		}
 		return ExitFailure
 	}
-	fmt.Fprintf(stderr, "idem: unknown command %q (run \"idem --help\" for the list)\n", name)
+	fmt.Fprintf(stderr, "idem: unknown command %s (run \"idem --help\" for the list)\n", quoteArg(name))
 	return ExitUsage
 }
 
-// oneLine folds a multi-line error (a driver's, say) so that stderr gets
-// exactly one line per failure.
-func oneLine(s string) string {
-	s = strings.TrimSpace(s)
-	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+// errorLine is err as Main prints it: one line (a driver's multi-line
+// error folded), without the password of any URL among args (whatever
+// quoted it: a parser, a driver, the flag package), and with every control
+// character escaped, since the text may quote what a server or a stored
+// record holds.
+func errorLine(err error, args []string) string {
+	s := strings.TrimSpace(err.Error())
+	s = strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+	for _, a := range args {
+		s = redactURL(s, a)
+	}
+	return fieldtext.Escape(s)
+}
+
+// maxArgQuote bounds how much of an argument a message repeats.
+const maxArgQuote = 64
+
+// quoteArg quotes a command-line argument for a message, cut to
+// maxArgQuote bytes.
+func quoteArg(s string) string {
+	if len(s) <= maxArgQuote {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(s[:maxArgQuote]) + "…"
 }
 
 // parseFlags parses args into fs. --help prints help and the flags to
@@ -194,9 +194,16 @@ func parseFlags(fs *flag.FlagSet, help string, args []string, stdout io.Writer) 
 		return &usageError{msg: strings.Replace(err.Error(), " -", " --", 1)}
 	}
 	if fs.NArg() > 0 {
-		return usagef("unexpected argument %q (run \"idem %s --help\")", fs.Arg(0), fs.Name())
+		return usagef("unexpected argument %s (run \"idem %s --help\")", quoteArg(fs.Arg(0)), fs.Name())
 	}
 	return nil
+}
+
+// isSet reports whether the command line gave the flag name.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // printFlags lists the flags GNU-style (--name), which the flag package
@@ -223,25 +230,6 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 	for _, l := range lines {
 		fmt.Fprintln(w, l)
 	}
-}
-
-func runVersion(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	if err := parseFlags(fs, "Usage: idem version\n\nPrints the module version idem was built from.\n", args, stdout); err != nil {
-		return err
-	}
-	fmt.Fprintln(stdout, "idem", Version())
-	return nil
-}
-
-// Version returns the module version of the running binary ("(devel)" when
-// built from a work tree).
-func Version() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok || info.Main.Version == "" {
-		return "(devel)"
-	}
-	return info.Main.Version
 }
 
 // durationFlag is a time.Duration flag whose parse error says what a

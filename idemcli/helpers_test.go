@@ -4,12 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"path/filepath"
-	"strings"
+	"regexp"
 	"sync"
 	"testing"
 	"time"
@@ -46,201 +43,95 @@ func mysqlDB(t *testing.T) string {
 	return fmt.Sprintf("mysql://%s@%s/%s", cfg.User, cfg.Addr, cfg.DBName)
 }
 
-// startServer builds the demo in-process on db and serves it on a
-// loopback test server.
-func startServer(t *testing.T, opts ServeOpts) (*server, *httptest.Server) {
+// syncBuffer is a log sink the test reads while the server writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// inProcess is `idem serve` running in the test process.
+type inProcess struct {
+	addr     string
+	logs     *syncBuffer
+	stop     context.CancelFunc // ends run's context, as SIGTERM does
+	finished chan struct{}      // closed when run has returned
+	err      error              // run's result, once finished is closed
+}
+
+var listeningLine = regexp.MustCompile(`msg=listening addr=(\S+)`)
+
+// serveInProcess runs serve with opts (on a free loopback port) until the
+// test ends or stop is called, and waits until it listens.
+func serveInProcess(t *testing.T, opts serveOpts) *inProcess {
 	t.Helper()
-	if opts.Lease == 0 {
-		opts.Lease = 90 * time.Second
+	opts.addr = "127.0.0.1:0"
+	if opts.lease == 0 {
+		opts.lease = 90 * time.Second
 	}
-	if opts.Retention == 0 {
-		opts.Retention = 24 * time.Hour
+	if opts.retention == 0 {
+		opts.retention = 24 * time.Hour
 	}
-	s, err := newServer(context.Background(), &opts, testLogger(t))
-	if err != nil {
-		t.Fatalf("newServer(%s): %v", opts.DB, err)
+	if opts.readTimeout == 0 {
+		opts.readTimeout = defaultReadTimeout
 	}
-	ts := httptest.NewServer(s.handler)
+	if opts.idleTimeout == 0 {
+		opts.idleTimeout = defaultIdleTimeout
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	p := &inProcess{logs: &syncBuffer{}, stop: stop, finished: make(chan struct{})}
+	go func() {
+		defer close(p.finished)
+		s := &serveCmd{CommandBase{Logger: slog.New(slog.NewTextHandler(p.logs, nil))}}
+		p.err = s.run(ctx, &opts)
+	}()
 	t.Cleanup(func() {
-		ts.Close()
-		s.conn.Close()
+		stop()
+		select {
+		case <-p.finished:
+		case <-time.After(time.Minute):
+			t.Errorf("serve did not stop:\n%s", p.logs)
+		}
+		if t.Failed() {
+			t.Logf("serve logs:\n%s", p.logs)
+		}
 	})
-	return s, ts
-}
-
-// testLogger sends the demo's logs to the test log, shown on failure.
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
-// answer is one HTTP response, read whole.
-type answer struct {
-	status int
-	header http.Header
-	body   []byte
-	err    error
-}
-
-func (a answer) String() string {
-	if a.err != nil {
-		return "error: " + a.err.Error()
-	}
-	return fmt.Sprintf("%d %s %q", a.status, a.header.Get("Content-Type"), bytes.TrimSpace(a.body))
-}
-
-func (a answer) replayed() bool { return a.header.Get("Idempotent-Replayed") == "true" }
-
-// req describes one request to send.
-type req struct {
-	method, url, body string
-	key, auth         string
-	contentType       string
-}
-
-func (r req) build(ctx context.Context) (*http.Request, error) {
-	var body io.Reader
-	if r.body != "" {
-		body = strings.NewReader(r.body)
-	}
-	hr, err := http.NewRequestWithContext(ctx, r.method, r.url, body)
-	if err != nil {
-		return nil, err
-	}
-	if r.body != "" {
-		ct := r.contentType
-		if ct == "" {
-			ct = "application/json"
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		if m := listeningLine.FindStringSubmatch(p.logs.String()); m != nil {
+			p.addr = m[1]
+			return p
 		}
-		hr.Header.Set("Content-Type", ct)
-	}
-	if r.key != "" {
-		hr.Header.Set("Idempotency-Key", r.key)
-	}
-	if r.auth != "" {
-		hr.Header.Set("Authorization", r.auth)
-	}
-	return hr, nil
-}
-
-func send(client *http.Client, r req) answer {
-	hr, err := r.build(context.Background())
-	if err != nil {
-		return answer{err: err}
-	}
-	resp, err := client.Do(hr)
-	if err != nil {
-		return answer{err: err}
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return answer{status: resp.StatusCode, header: resp.Header, body: body, err: err}
-}
-
-func do(t *testing.T, r req) answer {
-	t.Helper()
-	a := send(http.DefaultClient, r)
-	if a.err != nil {
-		t.Fatalf("%s %s: %v", r.method, r.url, a.err)
-	}
-	return a
-}
-
-// fireTogether sends every request at the same instant: each goroutine
-// builds its request, then all wait on one barrier, released at once.
-func fireTogether(reqs []req) []answer {
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: len(reqs)}}
-	defer client.CloseIdleConnections()
-	answers := make([]answer, len(reqs))
-	var ready, done sync.WaitGroup
-	start := make(chan struct{})
-	for i, r := range reqs {
-		ready.Add(1)
-		done.Add(1)
-		go func() {
-			defer done.Done()
-			hr, err := r.build(context.Background())
-			ready.Done()
-			if err != nil {
-				answers[i] = answer{err: err}
-				return
-			}
-			<-start
-			resp, err := client.Do(hr)
-			if err != nil {
-				answers[i] = answer{err: err}
-				return
-			}
-			defer resp.Body.Close()
-			body, err := io.ReadAll(resp.Body)
-			answers[i] = answer{status: resp.StatusCode, header: resp.Header, body: body, err: err}
-		}()
-	}
-	ready.Wait()
-	close(start)
-	done.Wait()
-	return answers
-}
-
-// checkOneEffect checks the answers of duplicates sent together: exactly
-// one fresh 201, and every other answer either a byte-identical replay of
-// it with Idempotent-Replayed: true, or a 409 problem with Retry-After. It
-// returns the fresh answer.
-func checkOneEffect(t *testing.T, answers []answer) answer {
-	t.Helper()
-	var fresh []answer
-	for _, a := range answers {
-		if a.err != nil {
-			t.Fatalf("request failed: %v", a.err)
-		}
-		if a.status == http.StatusCreated && !a.replayed() {
-			fresh = append(fresh, a)
-		}
-	}
-	if len(fresh) != 1 {
-		t.Fatalf("%d fresh 201 answers, want exactly 1; answers:\n%s", len(fresh), listAnswers(answers))
-	}
-	first := fresh[0]
-	replays, conflicts := 0, 0
-	for _, a := range answers {
-		switch {
-		case a.status == http.StatusCreated && !a.replayed():
-			// the fresh one
-		case a.status == http.StatusCreated:
-			replays++
-			if !bytes.Equal(a.body, first.body) {
-				t.Errorf("replay body %q differs from the first answer %q", a.body, first.body)
-			}
-			if a.header.Get("Location") != first.header.Get("Location") || a.header.Get("Content-Type") != first.header.Get("Content-Type") {
-				t.Errorf("replay headers %v differ from the first answer's %v", a.header, first.header)
-			}
-		case a.status == http.StatusConflict:
-			conflicts++
-			if ct := a.header.Get("Content-Type"); ct != "application/problem+json" {
-				t.Errorf("409 with Content-Type %q, want application/problem+json", ct)
-			}
-			if a.header.Get("Retry-After") == "" {
-				t.Errorf("409 without Retry-After")
-			}
+		select {
+		case <-p.finished:
+			t.Fatalf("serve ended before listening: %v\n%s", p.err, p.logs)
 		default:
-			t.Errorf("unexpected answer %s", a)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never listening:\n%s", p.logs)
 		}
 	}
-	t.Logf("%d requests: 1 fresh 201, %d replays, %d conflicts", len(answers), replays, conflicts)
-	return first
 }
 
-func listAnswers(answers []answer) string {
-	var b strings.Builder
-	for _, a := range answers {
-		fmt.Fprintf(&b, "  %s replayed=%v\n", a, a.replayed())
+// wait stops the server (as SIGTERM does) and returns run's result.
+func (p *inProcess) wait(t *testing.T) error {
+	t.Helper()
+	p.stop()
+	select {
+	case <-p.finished:
+		return p.err
+	case <-time.After(time.Minute):
+		t.Fatalf("serve did not return:\n%s", p.logs)
+		return nil
 	}
-	return b.String()
 }

@@ -1,6 +1,7 @@
 package idemcli
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -17,7 +18,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/idemredis"
+	"github.com/idem-go/idem/internal/demo"
+	"github.com/idem-go/idem/internal/fieldtext"
 )
 
 // InspectOpts are the options of Inspect.
@@ -31,6 +35,10 @@ type InspectOpts struct {
 	// Tenant scopes the key. Defaults to the demo's tenant for requests
 	// without Authorization, "default".
 	Tenant string
+	// Consumer, when set, looks the key up under the tenant of that
+	// ideminbox consumer (ideminbox.Tenant) instead of Tenant: Key is then
+	// a message id, looked up as ideminbox.Key(Key).
+	Consumer string
 	// Key is the Idempotency-Key to look up.
 	Key string
 	// JSON prints the record as one JSON object instead of text.
@@ -53,9 +61,14 @@ const inspectHelp = `Usage: idem inspect --key KEY [flags]
 
 Prints the idempotency record of KEY under --tenant: its state (in flight,
 complete, or expired: past its retention, which counts as absent), its
-lease, fingerprint, times, and the answer it replays. It only reads, so it
-is safe against a live service. Exits 1, with one line, when the key has no
+lease, fingerprint, times, and the answer it replays. With --consumer, KEY
+is the id of a message of that ideminbox consumer. It only reads, so it is
+safe against a live service. Exits 1, with one line, when the key has no
 record (never used, released after a failure, or purged).
+
+What the record holds came from clients and servers: tenant, key, header
+values, reference and body are printed quoted, with Go escapes for control
+characters and invalid UTF-8, so that none of it can act on the terminal.
 
 Whether a lease or a retention has ended is judged by this machine's clock;
 the times themselves are the store's.
@@ -64,8 +77,9 @@ the times themselves are the store's.
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	opts := InspectOpts{}
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
-	fs.StringVar(&opts.Key, "key", "", "the Idempotency-Key to look up (required)")
-	fs.StringVar(&opts.Tenant, "tenant", DefaultTenant, "the `tenant` of the key (the demo's: the Bearer name)")
+	fs.StringVar(&opts.Key, "key", "", "the Idempotency-Key to look up, or the message id with --consumer (required)")
+	fs.StringVar(&opts.Tenant, "tenant", defaultTenant, "the `tenant` of the key (the demo's: the Bearer name)")
+	fs.StringVar(&opts.Consumer, "consumer", "", "the ideminbox consumer `name` whose message id KEY is (instead of --tenant)")
 	fs.StringVar(&opts.DB, "db", DefaultDB, dbFlagHelp)
 	fs.StringVar(&opts.Keys, "keys", "", "read the record from Redis at this redis:// `URL` instead of --db")
 	fs.BoolVar(&opts.JSON, "json", false, "print the record as one JSON object")
@@ -73,18 +87,29 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := parseFlags(fs, inspectHelp, args, stdout); err != nil {
 		return err
 	}
+	if isSet(fs, "tenant") && opts.Consumer != "" {
+		return usagef("--tenant and --consumer both name the tenant; give one")
+	}
 	return (&Inspect{CommandBase: CommandBase{Stdout: stdout, Logger: slog.New(slog.NewTextHandler(stderr, nil))}}).Run(ctx, &opts)
 }
 
 // errNoRecord is what Inspect returns for a key without a record.
 var errNoRecord = errors.New("no record")
 
+// defaultTenant is the demo's tenant for requests without Authorization.
+const defaultTenant = demo.DefaultTenant
+
 // Run reads and prints the record of opts.Key.
 func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 	if opts.Key == "" {
 		return usagef("--key is required")
 	}
-	if err := idem.ValidateKey(opts.Key); err != nil {
+	tenant, key := opts.Tenant, opts.Key
+	if opts.Consumer != "" {
+		// The inbox keys a message by its id, hashed when the id is not
+		// a valid key: any id may be asked for.
+		tenant, key = ideminbox.Tenant(opts.Consumer), ideminbox.Key(opts.Key)
+	} else if err := idem.ValidateKey(opts.Key); err != nil {
 		return usagef("--key: %v", err)
 	}
 	var store idem.Store
@@ -104,9 +129,9 @@ func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 		defer cn.Close() //nolint:errcheck // nothing was written
 		store = cn.keyStore()
 	}
-	rec, err := store.Get(ctx, opts.Tenant, opts.Key)
+	rec, err := store.Get(ctx, tenant, key)
 	if errors.Is(err, idem.ErrNotFound) {
-		return fmt.Errorf("%w for key %q under tenant %q (never used, released after a failure, or purged)", errNoRecord, opts.Key, opts.Tenant)
+		return fmt.Errorf("%w for key %s under tenant %s (never used, released after a failure, or purged)", errNoRecord, strconv.Quote(key), strconv.Quote(tenant))
 	}
 	if err != nil {
 		return fmt.Errorf("read the record: %w", err)
@@ -117,11 +142,40 @@ func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 	}
 	v := newRecordView(rec, now)
 	if opts.JSON {
-		enc := json.NewEncoder(c.stdout())
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
 		enc.SetIndent("", "  ")
-		return enc.Encode(v)
+		if err := enc.Encode(v); err != nil {
+			return err
+		}
+		_, err := c.stdout().Write(escapeJSONControls(b.Bytes()))
+		return err
 	}
 	return v.writeText(c.stdout(), opts.FullBody)
+}
+
+// escapeJSONControls writes DEL and the C1 controls of the JSON text b as
+// \u escapes, which encoding/json leaves raw: on a terminal, U+009B and
+// U+009D start escape sequences. Outside strings JSON is ASCII, so every
+// such character is inside a string, where the escape means the same.
+func escapeJSONControls(b []byte) []byte {
+	// C0 controls are escaped by encoding/json already, and the newlines
+	// of the indentation must stay.
+	isC1 := func(r rune) bool { return r >= 0x7f && fieldtext.IsCTL(r) }
+	if !bytes.ContainsFunc(b, isC1) {
+		return b
+	}
+	out := make([]byte, 0, len(b)+32)
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if isC1(r) {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		} else {
+			out = append(out, b[i:i+size]...)
+		}
+		i += size
+	}
+	return out
 }
 
 // recordView is a record as inspect prints it; its JSON form is the
@@ -197,7 +251,7 @@ func (v *recordView) writeText(w io.Writer, fullBody bool) error {
 	line("key", strconv.Quote(v.Key))
 	switch v.State {
 	case "expired":
-		line("state", "expired (stored "+string(v.Stored)+", past retention: counts as absent, a retry runs afresh)")
+		line("state", "expired (stored "+stateText(v.Stored)+", past retention: counts as absent, a retry runs afresh)")
 	case string(idem.StateInFlight):
 		if v.LeaseEnded {
 			line("state", "in flight, lease ended (a retry with the same request takes it over)")
@@ -235,7 +289,11 @@ func (v *recordView) writeText(w io.Writer, fullBody bool) error {
 			if i == 0 {
 				label = "header"
 			}
-			line(label, name+": "+strings.Join(v.Header[name], ", "))
+			values := make([]string, len(v.Header[name]))
+			for j, value := range v.Header[name] {
+				values[j] = strconv.Quote(value)
+			}
+			line(label, headerNameText(name)+": "+strings.Join(values, ", "))
 		}
 		if v.Reference != "" {
 			line("reference", strconv.Quote(v.Reference))
@@ -245,6 +303,30 @@ func (v *recordView) writeText(w io.Writer, fullBody bool) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// stateText names a stored state, quoted when it is not one of idem's.
+func stateText(s idem.State) string {
+	switch s {
+	case idem.StateInFlight, idem.StateComplete:
+		return string(s)
+	}
+	return strconv.Quote(string(s))
+}
+
+// headerNameText prints a stored header name as it is when it is an HTTP
+// token (the stores refuse anything else), quoted otherwise.
+func headerNameText(name string) string {
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return strconv.Quote(name)
+		}
+	}
+	if name == "" {
+		return `""`
+	}
+	return name
 }
 
 // bodyText is the body on one line: quoted (so that control characters

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/idemredis"
+	"github.com/idem-go/idem/internal/fieldtext"
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -48,47 +50,15 @@ func inspectFixture(t *testing.T, store idem.Store, tenant string) {
 // TestInspectCommand: inspect prints each state as the stores keep it,
 // in text and JSON, and a key without a record is one line and exit 1.
 func TestInspectCommand(t *testing.T) {
-	kinds := append(dbKinds, struct {
-		name  string
-		fresh func(t *testing.T) string
-	}{"redis", nil})
-	for _, kind := range kinds {
+	for _, kind := range inspectKinds {
 		t.Run(kind.name, func(t *testing.T) {
-			ctx := context.Background()
-			var where []string
-			var store idem.Store
 			tenant := "acme"
 			if kind.fresh == nil {
-				url := testenv.RedisURL(t)
-				cn := &conn{}
-				t.Cleanup(func() { cn.Close() })
-				rs, err := cn.useRedis(ctx, url, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				store = rs
-				// The server is shared by every test: the records of this
-				// one carry a tenant of their own, deleted at the end.
+				// The Redis server is shared by every test: the records of
+				// this one carry a tenant of their own.
 				tenant = testenv.Name()
-				t.Cleanup(func() {
-					for _, k := range []string{"done", "running", "old"} {
-						cn.rdb.Del(ctx, fmt.Sprintf("%s:{%d:%s:%s}", idemredis.DefaultPrefix, len(tenant), tenant, k))
-					}
-				})
-				where = []string{"--keys", url, "--db", "sqlite:/nonexistent/never-opened.db"}
-			} else {
-				db := kind.fresh(t)
-				if code, _, errOut := run("migrate", "--db", db); code != ExitOK {
-					t.Fatalf("migrate: %s", errOut)
-				}
-				cn, err := openDB(ctx, db, openOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { cn.Close() })
-				store = cn.keyStore()
-				where = []string{"--db", db}
 			}
+			store, where := openInspectStore(t, kind.fresh, tenant, "done", "running", "old")
 			inspectFixture(t, store, tenant)
 			inspect := func(args ...string) (int, string, string) {
 				return run(append(append([]string{"inspect", "--tenant", tenant}, where...), args...)...)
@@ -103,8 +73,8 @@ func TestInspectCommand(t *testing.T) {
 				"fingerprint   sha256:abcd\n",
 				"lease token   7\n",
 				"answer        201, stored as response\n",
-				"header        Content-Type: application/json\n",
-				"              Location: /orders/ord_1\n",
+				"header        Content-Type: \"application/json\"\n",
+				"              Location: \"/orders/ord_1\"\n",
 				`body          "{\"id\":\"ord_1\",\n\"note\":\"a \\\"quote\\\"\"}" (36 bytes)` + "\n",
 			} {
 				if !strings.Contains(out, want) {
@@ -164,11 +134,124 @@ func TestInspectBadInput(t *testing.T) {
 		{[]string{"inspect", "--db", db, "--key", "k"}, ExitFailure, "idem inspect: SQLite file "},
 		{[]string{"inspect", "--keys", "http://x", "--key", "k"}, ExitUsage, "idem inspect: --keys "},
 		{[]string{"inspect", "--key", "k", "extra"}, ExitUsage, "idem inspect: unexpected argument \"extra\""},
+		{[]string{"inspect", "--db", db, "--key", "k", "--tenant", "t", "--consumer", "c"}, ExitUsage, "idem inspect: --tenant and --consumer both name the tenant; give one"},
 	} {
 		code, out, errOut := run(tc.args...)
 		if code != tc.code || out != "" || !strings.HasPrefix(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
 			t.Errorf("idem %s: exit %d, stdout %q, stderr %q; want exit %d and one line starting %q",
 				strings.Join(tc.args[1:], " "), code, out, errOut, tc.code, tc.want)
 		}
+	}
+}
+
+// inspectKinds are the stores inspect reads: the databases, and Redis.
+var inspectKinds = append(dbKinds[:len(dbKinds):len(dbKinds)], struct {
+	name  string
+	fresh func(t *testing.T) string
+}{"redis", nil})
+
+// openInspectStore opens a fresh store of the kind and returns it with
+// the flags that point inspect at it. Redis is shared: its records are
+// deleted when the test ends, for the keys given.
+func openInspectStore(t *testing.T, fresh func(t *testing.T) string, tenant string, keys ...string) (idem.Store, []string) {
+	t.Helper()
+	ctx := context.Background()
+	if fresh == nil {
+		url := testenv.RedisURL(t)
+		cn := &conn{}
+		t.Cleanup(func() { cn.Close() })
+		rs, err := cn.useRedis(ctx, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			for _, k := range keys {
+				cn.rdb.Del(ctx, fmt.Sprintf("%s:{%d:%s:%s}", idemredis.DefaultPrefix, len(tenant), tenant, k))
+			}
+		})
+		return rs, []string{"--keys", url, "--db", "sqlite:/nonexistent/never-opened.db"}
+	}
+	db := fresh(t)
+	if code, _, errOut := run("migrate", "--db", db); code != ExitOK {
+		t.Fatalf("migrate: %s", errOut)
+	}
+	cn, err := openDB(ctx, db, openOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cn.Close() })
+	return cn.keyStore(), []string{"--db", db}
+}
+
+// TestInspectEscapes: whatever a record holds that came from a client or
+// a server (tenant, key, reference, body) is printed escaped: no control
+// character, C1 included, reaches the terminal, in text or JSON. The
+// tenant of an ideminbox consumer, "\x1finbox:<name>", is found with
+// --consumer and shown escaped.
+func TestInspectEscapes(t *testing.T) {
+	for _, kind := range inspectKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			ctx := context.Background()
+			consumer := testenv.Name() + "\u009b2J"
+			tenant := ideminbox.Tenant(consumer)
+			store, where := openInspectStore(t, kind.fresh, tenant, "ref", "body", ideminbox.Key(strings.Repeat("m", 300)))
+			complete := func(key string, res idem.Result) {
+				t.Helper()
+				if _, err := store.Claim(ctx, idem.ClaimParams{Tenant: tenant, Key: key, Token: 1, Lease: time.Minute, Retention: time.Hour}); err != nil {
+					t.Fatal(err)
+				}
+				tx, err := store.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Complete(ctx, idem.CompleteParams{Tenant: tenant, Key: key, Token: 1, Result: res}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			complete("ref", idem.Result{Mode: idem.ModeReference, Status: 201, Reference: "ord\x1b[2J\u009b2J\u009d0;t\a\x7f"})
+			complete("body", idem.Result{Status: 200, Header: map[string][]string{"X-Note": {"tab\there"}},
+				Body: []byte("{\"a\":\"\x1b]0;pwned\a\u009d0;x\u009c\u0085\"}")})
+
+			for _, args := range [][]string{
+				{"--key", "ref"}, {"--key", "ref", "--json"},
+				{"--key", "body"}, {"--key", "body", "--json"}, {"--key", "body", "--full-body"},
+			} {
+				code, out, errOut := run(append(append([]string{"inspect", "--consumer", consumer}, where...), args...)...)
+				if code != ExitOK || errOut != "" {
+					t.Fatalf("inspect %s: exit %d, stderr %q", args, code, errOut)
+				}
+				for _, r := range strings.TrimSuffix(out, "\n") {
+					if fieldtext.IsCTL(r) && r != '\n' {
+						t.Fatalf("inspect %s prints the control character %U:\n%s", args, r, out)
+					}
+				}
+				if !strings.Contains(out, `\u001finbox:`) && !strings.Contains(out, `\x1finbox:`) {
+					t.Errorf("inspect %s does not show the tenant escaped:\n%s", args, out)
+				}
+				if args[1] == "body" && !strings.Contains(strings.Join(args, " "), "--json") && !strings.Contains(out, `X-Note: "tab\there"`) {
+					t.Errorf("inspect %s does not show the header value quoted:\n%s", args, out)
+				}
+				if !strings.Contains(out, `\u009b2J`) {
+					t.Errorf("inspect %s does not show the C1 control escaped:\n%s", args, out)
+				}
+				if strings.Contains(strings.Join(args, " "), "--json") {
+					var v recordView
+					if err := json.Unmarshal([]byte(out), &v); err != nil || v.Tenant != tenant {
+						t.Errorf("inspect %s: the JSON reads back as tenant %q (%v), want %q", args, v.Tenant, err, tenant)
+					}
+				}
+			}
+			// A message id that is not a valid key is looked up hashed, as
+			// the inbox keeps it.
+			longID := strings.Repeat("m", 300)
+			complete(ideminbox.Key(longID), idem.Result{Status: 200})
+			if code, out, errOut := run(append(append([]string{"inspect", "--consumer", consumer}, where...), "--key", longID)...); code != ExitOK || !strings.Contains(out, `"sha256:`) {
+				t.Errorf("inspect --consumer of a long message id: exit %d, stderr %q\n%s", code, errOut, out)
+			}
+			code, _, errOut := run(append(append([]string{"inspect", "--consumer", consumer + "x"}, where...), "--key", "ref")...)
+			if code != ExitFailure || !strings.Contains(errOut, `under tenant "\x1finbox:`) || strings.ContainsFunc(strings.TrimSuffix(errOut, "\n"), fieldtext.IsCTL) {
+				t.Errorf("inspect of another consumer: exit %d, stderr %q", code, errOut)
+			}
+		})
 	}
 }

@@ -35,7 +35,7 @@ import (
 // short; the recorded run in docs/RELIABILITY.md uses 50.
 var iterations = flag.Int("crashtest.iterations", 3, "iterations per kill point per store")
 
-// The kill points of idemcli/faults.go, in request order.
+// The kill points of internal/demo/faults.go, in request order.
 var points = []string{"after-claim", "after-write", "after-commit"}
 
 const (
@@ -58,10 +58,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// idemBinary builds cmd/idem as a user would, once: the crash must kill a
-// real process, whose open transactions and sockets the kernel then
-// drops, not a goroutine of the test.
-func idemBinary(t *testing.T) string { return testenv.IdemBinary(t) }
+// idemBinary builds cmd/idem as a user would, once, with the build tag
+// idemfaults that compiles the crash hook in (release builds have none):
+// the crash must kill a real process, whose open transactions and sockets
+// the kernel then drops, not a goroutine of the test.
+func idemBinary(t *testing.T) string { return testenv.IdemBinary(t, "idemfaults") }
 
 // TestCrash kills `idem serve` with SIGKILL at each kill point, restarts
 // it without the fault on the same database and port while the client

@@ -5,8 +5,10 @@
 // flight.
 //
 // The kill points come from the demo's test-only fault injection
-// (idemcli/faults.go, IDEM_FAULT and IDEM_FAULT_KEY), which is off unless
-// a test sets those variables in the environment of the child process.
+// (internal/demo/faults.go, IDEM_FAULT and IDEM_FAULT_KEY), compiled only
+// into a binary built with the tag idemfaults, as these tests build it,
+// and off unless a test sets those variables in the environment of the
+// child process.
 // The package holds tests only; the counts of runs and what was lost are
 // in docs/RELIABILITY.md, with the commands to rerun them.
 //

@@ -1,20 +1,9 @@
-package idemcli
+//go:build idemfaults
 
-// Crash injection for `idem serve`: TEST-ONLY.
-//
-// internal/crashtest proves that a process killed with SIGKILL at any step
-// of a request loses nothing: it starts `idem serve` with
-//
-//	IDEM_FAULT=after-claim|after-write|after-commit
-//	IDEM_FAULT_KEY=<an Idempotency-Key>
-//
-// and the process kills itself, with no chance to clean up, when the
-// request carrying that key reaches that step. Without IDEM_FAULT nothing
-// here runs: Serve.Run reads the variables once at start (not newServer,
-// so in-process tests never see them), and an unarmed server's handlers
-// carry no fault in their contexts, so the hooks in ordersApp.create are
-// a context lookup that finds nothing. Never set these variables outside
-// a test: the server dies on purpose.
+package demo
+
+// The crash injection hook (see faultpoints.go). Never in a release
+// build: only `go build -tags idemfaults` compiles it, for the crash tests.
 
 import (
 	"context"
@@ -27,28 +16,9 @@ import (
 	"github.com/idem-go/idem/idemhttp"
 )
 
-// Environment variables of the crash injection.
-const (
-	envFault    = "IDEM_FAULT"
-	envFaultKey = "IDEM_FAULT_KEY"
-)
-
-// faultPoint is a step of a request at which an armed server kills itself.
-type faultPoint string
-
-const (
-	// faultAfterClaim: the handler starts. The claim is committed (the
-	// key is in flight under a lease); nothing else is, and the handler's
-	// transaction is open but empty.
-	faultAfterClaim faultPoint = "after-claim"
-	// faultAfterWrite: the order is inserted through the handler's
-	// transaction, which is not committed yet.
-	faultAfterWrite faultPoint = "after-write"
-	// faultAfterCommit: idemhttp has committed the order and the stored
-	// answer together, and is about to send that answer: the client never
-	// gets it.
-	faultAfterCommit faultPoint = "after-commit"
-)
+// faultAfterCommit: idemhttp has committed the order and the stored answer
+// together, and is about to send that answer: the client never gets it.
+const faultAfterCommit faultPoint = "after-commit"
 
 // faultCtxKey marks, in a request's context, the point at which that
 // request kills the server. Only the request carrying IDEM_FAULT_KEY gets
@@ -56,7 +26,7 @@ const (
 // on a server started without IDEM_FAULT) run normally.
 type faultCtxKey struct{}
 
-// withFaults arms the crash injection when IDEM_FAULT is set and returns
+// Faults arms the crash injection when IDEM_FAULT is set and returns
 // next wrapped in it; otherwise it returns next itself, untouched.
 //
 // It wraps the whole stack, outside the idempotency middleware: that is
@@ -64,10 +34,12 @@ type faultCtxKey struct{}
 // middleware buffers the handler's answer and writes it out only once
 // the record is complete).
 //
-// An unknown IDEM_FAULT panics at start: the hook is one line in Run,
-// where it cannot return an error, and a typo must not let a crash test
-// run against a server that never crashes.
-func withFaults(next http.Handler, logger *slog.Logger) http.Handler {
+// `idem serve` calls it once at start, after building the stack (so that
+// in-process tests, which build the stack alone, never arm it). An unknown
+// IDEM_FAULT panics there: the hook is one line in the command, where it
+// cannot return an error, and a typo must not let a crash test run against
+// a server that never crashes.
+func Faults(next http.Handler, logger *slog.Logger) http.Handler {
 	point := faultPoint(os.Getenv(envFault))
 	key := os.Getenv(envFaultKey)
 	switch point {
@@ -101,8 +73,8 @@ func withFaults(next http.Handler, logger *slog.Logger) http.Handler {
 
 // injectFault kills the process when ctx belongs to the armed request and
 // point is its fault point. The handler's context derives from the
-// request's, through idemhttp and the engine, so the mark set by
-// withFaults reaches it.
+// request's, through idemhttp and the engine, so the mark set by Faults
+// reaches it.
 func injectFault(ctx context.Context, point faultPoint) {
 	if p, _ := ctx.Value(faultCtxKey{}).(faultPoint); p == point {
 		die()

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"strings"
+	"sync"
 
 	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,6 +21,7 @@ import (
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/idemsql/idemmysql"
 	"github.com/idem-go/idem/idemsql/idemsqlite"
+	"github.com/idem-go/idem/internal/demo"
 )
 
 // conn is an open --db: the handle of its dialect. Exactly one of db and
@@ -67,7 +69,7 @@ func openDB(ctx context.Context, db string, o openOptions) (*conn, error) {
 	case dialectPostgres:
 		pool, err := pgxpool.New(ctx, target.url)
 		if err != nil {
-			return nil, fmt.Errorf("open %s: %s", target.describe(), redactURL(err.Error(), target.url))
+			return nil, fmt.Errorf("open %s: %s", target.describe(), target.redact(err.Error()))
 		}
 		c.pool = pool
 	default:
@@ -75,7 +77,7 @@ func openDB(ctx context.Context, db string, o openOptions) (*conn, error) {
 	}
 	if err := c.ping(ctx); err != nil {
 		c.Close() //nolint:errcheck // the ping error is the one to report
-		return nil, fmt.Errorf("cannot reach %s: %s", target.describe(), redactURL(err.Error(), target.url))
+		return nil, fmt.Errorf("cannot reach %s: %s", target.describe(), target.redact(err.Error()))
 	}
 	return c, nil
 }
@@ -137,12 +139,17 @@ func (c *conn) keyStore() idem.Store {
 	return idemsql.New(c.db, c.sqlDialect())
 }
 
-// orderRepo returns the demo's orders on the database.
-func (c *conn) orderRepo() orderRepo {
+// demoConfig returns the demo's configuration with the database handle
+// set, for the orders.
+func (c *conn) demoConfig() demo.Config {
 	if c.pool != nil {
-		return &pgOrders{pool: c.pool}
+		return demo.Config{Pool: c.pool}
 	}
-	return &sqlOrders{db: c.db, dialect: c.target.dialect}
+	d := demo.SQLite
+	if c.target.dialect == dialectMySQL {
+		d = demo.MySQL
+	}
+	return demo.Config{DB: c.db, Dialect: d}
 }
 
 // useRedis connects to the Redis URL of --keys and returns the store on it.
@@ -154,17 +161,31 @@ func (c *conn) useRedis(ctx context.Context, rawURL string, cfg *idemredis.Confi
 	if err != nil {
 		return nil, err
 	}
+	quietRedisOnce.Do(func() { redis.SetLogger(quietRedis{}) })
 	c.rdb = redis.NewClient(opts)
 	if err := c.rdb.Ping(ctx).Err(); err != nil {
-		return nil, fmt.Errorf("cannot reach Redis at %s: %w", opts.Addr, err)
+		return nil, fmt.Errorf("cannot reach Redis at %s: %s", opts.Addr, redactURL(err.Error(), rawURL))
 	}
 	return idemredis.New(ctx, c.rdb, cfg)
 }
 
-// parseRedisURL reads a --keys value.
+// quietRedis drops what go-redis logs. go-redis writes its connection
+// failures to stderr through a logger of its own, process-wide, before
+// the command reports the same failure on its one line; the idem command
+// line says everything on that line.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+var quietRedisOnce sync.Once
+
+// parseRedisURL reads a --keys value. Its errors never show a password.
 func parseRedisURL(rawURL string) (*redis.Options, error) {
 	if !strings.HasPrefix(rawURL, "redis://") && !strings.HasPrefix(rawURL, "rediss://") {
-		return nil, usagef("--keys %s: want redis://host:port/db or rediss://…", schemeOnly(rawURL))
+		return nil, usagef("--keys %s: want redis://[user:password@]host:port/db or rediss://…", schemeOnly(rawURL))
+	}
+	if err := checkURLShape("--keys", rawURL); err != nil {
+		return nil, err
 	}
 	opts, err := redis.ParseURL(rawURL)
 	if err != nil {

@@ -1,4 +1,4 @@
-package idemcli
+package demo
 
 import (
 	"context"
@@ -14,8 +14,9 @@ const maxTenant = 128
 
 type tenantKey struct{}
 
-// tenantFrom returns the tenant that withTenant put in ctx.
-func tenantFrom(ctx context.Context) string {
+// TenantFrom returns the tenant of the request whose context is ctx:
+// the Bearer name, or DefaultTenant.
+func TenantFrom(ctx context.Context) string {
 	if t, ok := ctx.Value(tenantKey{}).(string); ok {
 		return t
 	}
@@ -26,13 +27,13 @@ func tenantFrom(ctx context.Context) string {
 // makes the caller tenant <name>; no header makes it DefaultTenant. It is a
 // stand-in for real authentication, and sits where real authentication
 // must: in front of the idempotency layer, so that a 401 is never stored
-// under a key and the caller may retry once authenticated (SPEC §4).
+// under a key and the caller may retry once authenticated.
 func withTenant(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tenant, ok := parseBearer(r.Header.Values("Authorization"))
 		if !ok {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idem demo"`)
-			writeDemoProblem(w, http.StatusUnauthorized, "unauthenticated", "Malformed Authorization",
+			writeProblem(w, http.StatusUnauthorized, "unauthenticated", "Malformed Authorization",
 				`Send "Authorization: Bearer <tenant>" with a tenant name of 1 to 128 letters, digits or -._~+/, or no Authorization header for the "default" tenant.`)
 			return
 		}

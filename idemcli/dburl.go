@@ -15,7 +15,7 @@ import (
 // that `idem serve` runs on a fresh machine with nothing installed.
 const DefaultDB = "sqlite:idem.db"
 
-const dbFlagHelp = "`URL` of the database: sqlite:PATH, postgres://user@host:port/db or mysql://user[:password]@host:port/db"
+const dbFlagHelp = "`URL` of the database: sqlite:PATH, postgres://user@host:port/db or mysql://user[:password]@host:port/db\n(percent-encode '/', '?', '#', '@' and '%' in a password)"
 
 // dialect names the database behind a --db URL.
 type dialect string
@@ -37,7 +37,8 @@ type dbTarget struct {
 	dsn string
 }
 
-// parseDB reads a --db value. It only parses: nothing is opened.
+// parseDB reads a --db value. It only parses: nothing is opened. Its
+// errors never show a password.
 func parseDB(s string) (dbTarget, error) {
 	switch {
 	case s == "":
@@ -51,11 +52,17 @@ func parseDB(s string) (dbTarget, error) {
 		}
 		return dbTarget{dialect: dialectSQLite, path: path}, nil
 	case strings.HasPrefix(s, "postgres://"), strings.HasPrefix(s, "postgresql://"):
+		if err := checkURLShape("--db", s); err != nil {
+			return dbTarget{}, err
+		}
 		if _, err := pgxpool.ParseConfig(s); err != nil {
 			return dbTarget{}, usagef("--db: %v", redactURL(err.Error(), s))
 		}
 		return dbTarget{dialect: dialectPostgres, url: s}, nil
 	case strings.HasPrefix(s, "mysql://"):
+		if err := checkURLShape("--db", s); err != nil {
+			return dbTarget{}, err
+		}
 		dsn, err := mysqlDSN(s)
 		if err != nil {
 			return dbTarget{}, err
@@ -70,10 +77,55 @@ func parseDB(s string) (dbTarget, error) {
 // schemeOnly names raw by its scheme alone ("mariadb://…"), for messages
 // about a value that may hold a password.
 func schemeOnly(raw string) string {
-	if i := strings.Index(raw, "://"); i > 0 && i <= 16 {
-		return strconv.Quote(raw[:i+3] + "…")
+	i := strings.Index(raw, "://")
+	if i <= 0 || i > 16 {
+		return "(not a URL)"
 	}
-	return "(not a URL)"
+	for _, c := range raw[:i] {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '+' || c == '-' || c == '.') {
+			return "(not a URL)"
+		}
+	}
+	return strconv.Quote(raw[:i+3] + "…")
+}
+
+// checkURLShape refuses a URL that a parser would cut in the wrong place,
+// the usual cause being a generated password holding '/', '?', '#' or '@'
+// unencoded: the parsers then take part of the password for the host, the
+// database or the query, and repeat it in their errors, or even connect
+// with it. The message says what to fix and never repeats the value.
+func checkURLShape(flagName, raw string) error {
+	const hidden = " (the value is not shown: it may hold a password)"
+	_, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return nil
+	}
+	if strings.Contains(rest, "#") {
+		return usagef("%s: the URL holds a '#'; percent-encode it as %%23 (in a password, say)%s", flagName, hidden)
+	}
+	authority := rest
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		if strings.Contains(rest[i:], "@") {
+			return usagef("%s: an '@' after the host; if the password holds '/', '?' or '@', percent-encode them (%%2F, %%3F, %%40)%s", flagName, hidden)
+		}
+		authority = rest[:i]
+	}
+	if at := strings.LastIndex(authority, "@"); at >= 0 {
+		userinfo := authority[:at]
+		if strings.Contains(userinfo, "@") {
+			return usagef("%s: two '@' before the host; percent-encode an '@' in the user or password as %%40%s", flagName, hidden)
+		}
+		for i := 0; i < len(userinfo); i++ {
+			if userinfo[i] == '%' && (i+2 >= len(userinfo) || !isHex(userinfo[i+1]) || !isHex(userinfo[i+2])) {
+				return usagef("%s: a '%%' in the user or password is not followed by two hex digits; percent-encode '%%' itself as %%25%s", flagName, hidden)
+			}
+		}
+	}
+	return nil
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
 // mysqlDSN translates mysql://user:password@host:port/db?param=value into
@@ -83,7 +135,7 @@ func mysqlDSN(s string) (string, error) {
 	u, err := url.Parse(s)
 	if err != nil {
 		// url's error repeats the URL, password included.
-		return "", usagef("--db: not a valid mysql:// URL")
+		return "", usagef("--db: not a valid mysql:// URL (want mysql://user[:password]@host:port/db)")
 	}
 	db := strings.TrimPrefix(u.Path, "/")
 	if db == "" || strings.Contains(db, "/") {
@@ -111,59 +163,18 @@ func mysqlDSN(s string) (string, error) {
 	}
 	parsed, err := mysql.ParseDSN(withParams)
 	if err != nil {
-		return "", usagef("--db: %v", err)
+		return "", usagef("--db: %v", redactURL(redactURL(err.Error(), s), withParams))
 	}
 	parsed.ParseTime = true
 	return parsed.FormatDSN(), nil
 }
 
-// redactURL hides the secrets of raw in msg, since errors end up in logs:
-// the password of its user information and the values of its password
-// parameters, found by hand, so that a URL too malformed for net/url (whose
-// errors repeat it whole) is covered too.
-func redactURL(msg, raw string) string {
-	for _, secret := range urlSecrets(raw) {
-		msg = strings.ReplaceAll(msg, secret, "xxxxx")
-		if unescaped, err := url.QueryUnescape(secret); err == nil && unescaped != "" {
-			msg = strings.ReplaceAll(msg, unescaped, "xxxxx")
-		}
-	}
-	return msg
+// redact hides the target's password in msg.
+func (t dbTarget) redact(msg string) string {
+	return redactURL(redactURL(msg, t.url), t.dsn)
 }
 
-// urlSecrets returns the secrets raw carries: scheme://user:SECRET@host…
-// and ?password=SECRET (or sslpassword, passwd, pass).
-func urlSecrets(raw string) []string {
-	var out []string
-	rest := raw
-	if i := strings.Index(rest, "://"); i >= 0 {
-		rest = rest[i+3:]
-	}
-	authority := rest
-	if i := strings.IndexAny(authority, "/?#"); i >= 0 {
-		authority = authority[:i]
-	}
-	if at := strings.LastIndex(authority, "@"); at >= 0 {
-		if _, pw, ok := strings.Cut(authority[:at], ":"); ok && pw != "" {
-			out = append(out, pw)
-		}
-	}
-	if _, query, ok := strings.Cut(raw, "?"); ok {
-		query, _, _ = strings.Cut(query, "#")
-		for _, part := range strings.Split(query, "&") {
-			name, value, _ := strings.Cut(part, "=")
-			switch strings.ToLower(name) {
-			case "password", "sslpassword", "passwd", "pass":
-				if value != "" {
-					out = append(out, value)
-				}
-			}
-		}
-	}
-	return out
-}
-
-// describe names the target in logs without its password.
+// describe names the target in logs and errors without its password.
 func (t dbTarget) describe() string {
 	switch t.dialect {
 	case dialectSQLite:
