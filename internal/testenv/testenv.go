@@ -15,7 +15,6 @@
 package testenv
 
 import (
-	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
@@ -24,13 +23,10 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5"
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 )
 
 // Default addresses, used when the variables are unset.
@@ -81,59 +77,58 @@ func dial(t testing.TB, service, hostport string) {
 }
 
 // PostgresURL returns the base PostgreSQL URL after checking that the
-// server answers.
+// server answers. IDEM_TEST_POSTGRES must be a URL (postgres://…).
 func PostgresURL(t testing.TB) string {
 	t.Helper()
 	u := env("IDEM_TEST_POSTGRES", DefaultPostgres)
-	cfg, err := pgx.ParseConfig(u)
-	if err != nil {
-		t.Fatalf("IDEM_TEST_POSTGRES: %v", err)
+	pu, err := url.Parse(u)
+	if err != nil || (pu.Scheme != "postgres" && pu.Scheme != "postgresql") {
+		t.Fatalf("IDEM_TEST_POSTGRES must be a postgres:// URL: %q", u)
 	}
-	dial(t, "PostgreSQL", net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port)))
+	dial(t, "PostgreSQL", hostPort(pu, "5432"))
 	return u
 }
 
 // PostgresSchema creates a fresh schema, drops it when the test ends, and
 // returns a URL whose connections use it as search_path. Tests sharing the
 // database therefore never see each other's tables.
+//
+// It talks to the server through database/sql's "pgx" driver, which the
+// calling test registers (import _ "github.com/jackc/pgx/v5/stdlib"), so
+// that this package, shared by every module, imports no driver.
 func PostgresSchema(t testing.TB) string {
 	t.Helper()
 	base := PostgresURL(t)
 	name := Name()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, base)
-	if err != nil {
+	db := openDriver(t, "pgx", base, "PostgreSQL", `import _ "github.com/jackc/pgx/v5/stdlib"`)
+	defer db.Close()
+	if _, err := db.Exec("CREATE SCHEMA " + name); err != nil {
 		Unavailable(t, "PostgreSQL", err)
 	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+name); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
 	t.Cleanup(func() {
-		c, err := pgx.Connect(context.Background(), base)
+		db, err := sql.Open("pgx", base)
 		if err != nil {
 			return
 		}
-		defer c.Close(context.Background())
-		_, _ = c.Exec(context.Background(), "DROP SCHEMA "+name+" CASCADE")
+		defer db.Close()
+		_, _ = db.Exec("DROP SCHEMA " + name + " CASCADE")
 	})
 	return withQuery(base, "search_path", name)
 }
 
 // MySQLDSN creates a fresh database, drops it when the test ends, and
-// returns a go-sql-driver DSN for it (parseTime on).
+// returns a go-sql-driver DSN for it (parseTime on). It talks to the
+// server through database/sql's "mysql" driver, which the calling test
+// registers (import _ "github.com/go-sql-driver/mysql").
 func MySQLDSN(t testing.TB) string {
 	t.Helper()
 	base := env("IDEM_TEST_MYSQL", DefaultMySQL)
-	cfg, err := mysql.ParseDSN(base)
+	d, err := parseMySQLDSN(base)
 	if err != nil {
 		t.Fatalf("IDEM_TEST_MYSQL: %v", err)
 	}
-	dial(t, "MariaDB/MySQL", cfg.Addr)
-	db, err := sql.Open("mysql", base)
-	if err != nil {
-		t.Fatalf("open mysql: %v", err)
-	}
+	dial(t, "MariaDB/MySQL", d.addr)
+	db := openDriver(t, "mysql", base, "MariaDB/MySQL", `import _ "github.com/go-sql-driver/mysql"`)
 	defer db.Close()
 	name := Name()
 	if _, err := db.Exec("CREATE DATABASE " + name); err != nil {
@@ -147,9 +142,65 @@ func MySQLDSN(t testing.TB) string {
 		defer db.Close()
 		_, _ = db.Exec("DROP DATABASE " + name)
 	})
-	cfg.DBName = name
-	cfg.ParseTime = true
-	return cfg.FormatDSN()
+	return d.withDatabase(name)
+}
+
+// openDriver opens dsn with a driver the calling test must have
+// registered, and fails the test with the import to add when it has not.
+func openDriver(t testing.TB, driver, dsn, service, hint string) *sql.DB {
+	t.Helper()
+	if !slices.Contains(sql.Drivers(), driver) {
+		t.Fatalf("testenv: the %q database/sql driver is not registered; the test must %s", driver, hint)
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatalf("open %s: %v", service, err)
+	}
+	return db
+}
+
+// mysqlDSN is a go-sql-driver DSN cut at its database name:
+// [user[:password]@][net[(addr)]]/dbname[?params].
+type mysqlDSN struct {
+	head   string // up to and including the "/" before the database name
+	params string // after "?", without it
+	addr   string // host:port of a tcp address
+}
+
+func parseMySQLDSN(dsn string) (mysqlDSN, error) {
+	var d mysqlDSN
+	slash := -1
+	if i := strings.LastIndex(dsn, ")/"); i >= 0 {
+		slash = i + 1
+	} else if i := strings.Index(dsn[strings.LastIndex(dsn, "@")+1:], "/"); i >= 0 {
+		slash = strings.LastIndex(dsn, "@") + 1 + i
+	}
+	if slash < 0 {
+		return d, fmt.Errorf("no /dbname in %q", dsn)
+	}
+	d.head = dsn[:slash+1]
+	if q := strings.IndexByte(dsn[slash:], '?'); q >= 0 {
+		d.params = dsn[slash+q+1:]
+	}
+	d.addr = "127.0.0.1:3306"
+	if o := strings.Index(d.head, "tcp("); o >= 0 {
+		if c := strings.IndexByte(d.head[o:], ')'); c > 0 {
+			d.addr = d.head[o+len("tcp(") : o+c]
+		}
+	}
+	return d, nil
+}
+
+// withDatabase returns the DSN naming database name, with parseTime on.
+func (d mysqlDSN) withDatabase(name string) string {
+	params := d.params
+	if !strings.Contains(params, "parseTime=") {
+		if params != "" {
+			params += "&"
+		}
+		params += "parseTime=true"
+	}
+	return d.head + name + "?" + params
 }
 
 // RedisURL returns the Redis URL after checking that the server answers.
