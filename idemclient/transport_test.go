@@ -369,7 +369,9 @@ func TestConcurrentOperationsGetDistinctKeys(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for i := range n {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			<-start
 			resp, err := client.Post(srv.URL, "text/plain", strings.NewReader(fmt.Sprint("op", i)))
 			if err != nil {
@@ -380,7 +382,7 @@ func TestConcurrentOperationsGetDistinctKeys(t *testing.T) {
 			if resp.StatusCode != http.StatusCreated {
 				errs <- fmt.Errorf("op %d: status %d", i, resp.StatusCode)
 			}
-		})
+		}()
 	}
 	close(start)
 	wg.Wait()

@@ -2,7 +2,6 @@ package idemhttp_test
 
 import (
 	"context"
-	"github.com/idem-go/idem"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem"
 
 	"github.com/idem-go/idem/idemhttp"
 )

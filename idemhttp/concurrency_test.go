@@ -37,11 +37,13 @@ func TestSameKeyAtTheSameInstant(t *testing.T) {
 	answers := make([]*httptest.ResponseRecorder, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			r := request(http.MethodPost, "/orders", "same-key", "buy 1")
 			<-barrier
 			answers[i] = serve(h, r)
-		})
+		}()
 	}
 	close(barrier)
 	wg.Wait()
@@ -106,14 +108,16 @@ func TestSameKeyTwoTenants(t *testing.T) {
 	var bad atomic.Value
 	for _, tenant := range []string{"acme", "globex"} {
 		for range perTenant {
-			wg.Go(func() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
 				r := req(tenant)
 				<-barrier
 				w := serve(h, r)
 				if w.Code == http.StatusCreated && w.Body.String() != "order of "+tenant {
 					bad.Store(tenant + " got " + w.Body.String())
 				}
-			})
+			}()
 		}
 	}
 	close(barrier)

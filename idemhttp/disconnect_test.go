@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
 )
 
@@ -107,37 +106,5 @@ func TestShutdownContextEndsDetachedHandlers(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the shutdown did not end the handler's context")
-	}
-}
-
-// With CancelOnDisconnect, a client that hangs up cancels its handler; on
-// a transactional store its writes roll back and the key is released, so
-// the retry runs again.
-func TestCancelOnDisconnectSQLite(t *testing.T) {
-	e := newSQLiteEnv(t)
-	var runs atomic.Int64
-	started := make(chan struct{})
-	finished := make(chan error, 1)
-	h := e.handler(t, idemhttp.Config{CancelOnDisconnect: true}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		insertOrder(t, r)
-		if runs.Add(1) == 1 {
-			close(started)
-			<-r.Context().Done()
-			finished <- r.Context().Err()
-			return
-		}
-		w.WriteHeader(http.StatusCreated)
-	}))
-	disconnecting(t, h, started)
-	if err := <-finished; !errors.Is(err, context.Canceled) {
-		t.Fatalf("handler context: %v, want cancelled", err)
-	}
-	w := retryWhileInFlight(t, h, func() *http.Request { return request(http.MethodPost, "/orders", "k1", "tea") })
-	if w.Code != http.StatusCreated || w.Header().Get(idemhttp.HeaderReplayed) != "" || runs.Load() != 2 || e.orders(t) != 1 {
-		t.Fatalf("retry: %d replayed=%q, ran %d times, %d orders; want a fresh run and 1 order", w.Code, w.Header().Get(idemhttp.HeaderReplayed), runs.Load(), e.orders(t))
-	}
-	rec, err := e.store.Get(t.Context(), testTenant, "k1")
-	if err != nil || rec.State != idem.StateComplete {
-		t.Fatalf("record %+v, %v", rec, err)
 	}
 }

@@ -68,8 +68,7 @@ func TestProblemTextsFollowTheStore(t *testing.T) {
 		store         func(t *testing.T) idem.Store
 	}{
 		{"memory", false, func(t *testing.T) idem.Store { return newEnv(t, nil).store }},
-		{"sqlite", true, func(t *testing.T) idem.Store { return newSQLiteEnv(t).store }},
-		{"postgresql", true, func(t *testing.T) idem.Store { return newPGEnv(t).store }},
+		// The transactional stores run this test in the tests module.
 	}
 	for _, st := range stores {
 		for _, f := range failures {

@@ -8,7 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/idem-go/idem/idemcli"
+	"github.com/idem-go/idem/cmd/idem/idemcli"
 )
 
 func main() {

@@ -15,7 +15,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemredis"
-	"github.com/idem-go/idem/internal/reliability"
+	"github.com/idem-go/idem/internal/tcpproxy"
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -105,7 +105,7 @@ func PostgresOutage(t testing.TB) *Outage {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy, err := reliability.NewProxy(u.Host)
+	proxy, err := tcpproxy.NewProxy(u.Host)
 	if err != nil {
 		t.Fatalf("proxy: %v", err)
 	}

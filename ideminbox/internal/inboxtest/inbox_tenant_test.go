@@ -1,0 +1,191 @@
+package inboxtest_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/ideminbox"
+	"github.com/idem-go/idem/ideminbox/internal/inboxtest"
+	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/idemmigrate"
+	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemredis"
+	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemmysql"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
+	"github.com/idem-go/idem/internal/testenv"
+)
+
+// An HTTP tenant named like a consumer, on the engine and store the inbox
+// shares, uses a key named like a message id. Neither touches the other:
+// the message runs once and its status is its own; the request is
+// replayed its own answer.
+func TestHTTPTenantNamedLikeConsumer(t *testing.T) {
+	inboxtest.ForEach(t, func(t *testing.T, b *inboxtest.Backend) {
+		engine, err := idem.NewEngine(b.NewStore(t), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const consumer = "order-projector"
+		mw, err := idemhttp.New(idemhttp.Config{
+			Engine:     engine,
+			TenantFunc: func(*http.Request) (string, error) { return consumer, nil },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		posts := 0
+		api := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			posts++
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte("order o-7 created"))
+		}))
+		post := func() *httptest.ResponseRecorder {
+			req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"id":"o-7"}`))
+			req.Header.Set(idemhttp.HeaderKey, "o-7")
+			rec := httptest.NewRecorder()
+			api.ServeHTTP(rec, req)
+			return rec
+		}
+		if rec := post(); rec.Code != http.StatusCreated {
+			t.Fatalf("POST: %d %s", rec.Code, rec.Body)
+		}
+
+		in, err := ideminbox.New(ideminbox.Config{Engine: engine, Consumer: consumer})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if st, err := in.Status(ctx, "o-7"); err != nil || st.State != ideminbox.StateAbsent {
+			t.Fatalf("status of a message never delivered: %+v, %v; want absent", st, err)
+		}
+		runs := 0
+		d, err := in.Process(ctx, ideminbox.Message{ID: "o-7", Attempt: 1}, func(ctx context.Context) error {
+			runs++
+			return b.Insert(ctx, inboxtest.Effects, "o-7", "message")
+		})
+		if d.Action != ideminbox.Ack || err != nil || runs != 1 {
+			t.Fatalf("message o-7: %v, %v, %d runs; want ack after one run", d.Action, err, runs)
+		}
+		if st, err := in.Status(ctx, "o-7"); err != nil || st.State != ideminbox.StateProcessed {
+			t.Fatalf("status: %+v, %v", st, err)
+		}
+		if rec := post(); rec.Code != http.StatusCreated || rec.Header().Get(idemhttp.HeaderReplayed) != "true" ||
+			rec.Body.String() != "order o-7 created" || posts != 1 {
+			t.Fatalf("POST again: %d %q replayed=%q, %d executions", rec.Code, rec.Body, rec.Header().Get(idemhttp.HeaderReplayed), posts)
+		}
+	})
+}
+
+// Every store keeps the inbox's tenant, control character included, as
+// written: the record is read back under Tenant(consumer), never under
+// the bare consumer name, and Status finds both a processed and a poison
+// message.
+func TestTenantStoredAsWritten(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		open func(t *testing.T) idem.Store
+	}{
+		{"memory", func(t *testing.T) idem.Store { return idemmem.New(nil) }},
+		{"sqlite", func(t *testing.T) idem.Store {
+			db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Close() })
+			return migrated(t, db, idemmigrate.SQLite, idemsql.SQLite)
+		}},
+		{"mariadb", func(t *testing.T) idem.Store {
+			return migrated(t, openDB(t, "mysql", testenv.MySQLDSN(t)), idemmigrate.MySQL, idemmysql.Dialect)
+		}},
+		{"postgres-sql", func(t *testing.T) idem.Store {
+			return migrated(t, openDB(t, "pgx", testenv.PostgresSchema(t)), idemmigrate.Postgres, idemsql.Postgres)
+		}},
+		{"postgres-pgx", func(t *testing.T) idem.Store {
+			pool, err := pgxpool.New(context.Background(), testenv.PostgresSchema(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			if err := idempg.Migrate(context.Background(), pool); err != nil {
+				testenv.Unavailable(t, "PostgreSQL", err)
+			}
+			return idempg.New(pool)
+		}},
+		{"redis", func(t *testing.T) idem.Store {
+			opts, err := redis.ParseURL(testenv.RedisURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			client := redis.NewClient(opts)
+			t.Cleanup(func() { client.Close() })
+			store, err := idemredis.New(context.Background(), client, &idemredis.Config{Prefix: testenv.Name()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return store
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := tc.open(t)
+			const consumer = "order-projector"
+			in := newInbox(t, store, func(c *ideminbox.Config) { c.Consumer = consumer; c.MaxAttempts = 1 })
+			ctx := context.Background()
+			ok := func(context.Context) error { return nil }
+			if d, err := in.Process(ctx, ideminbox.Message{ID: "o-7", Attempt: 1}, ok); d.Action != ideminbox.Ack || err != nil {
+				t.Fatalf("o-7: %v, %v", d.Action, err)
+			}
+			bad := func(context.Context) error { return errors.New("malformed") }
+			if d, _ := in.Process(ctx, ideminbox.Message{ID: "o-8", Attempt: 1, Data: []byte("{")}, bad); d.Action != ideminbox.AckPoison {
+				t.Fatalf("o-8: %v", d.Action)
+			}
+			tenant := ideminbox.Tenant(consumer)
+			if tenant != "\x1finbox:"+consumer {
+				t.Fatalf("Tenant(%q) = %q", consumer, tenant)
+			}
+			for key, state := range map[string]ideminbox.State{"o-7": ideminbox.StateProcessed, "o-8": ideminbox.StatePoison} {
+				rec, err := store.Get(ctx, tenant, key)
+				if err != nil || rec.Tenant != tenant || rec.Key != key || rec.State != idem.StateComplete {
+					t.Errorf("%s under %q: %+v, %v", key, tenant, rec, err)
+				}
+				if _, err := store.Get(ctx, consumer, key); !errors.Is(err, idem.ErrNotFound) {
+					t.Errorf("%s under the bare consumer name: %v, want not found", key, err)
+				}
+				if st, err := in.Status(ctx, key); err != nil || st.State != state {
+					t.Errorf("status of %s: %+v, %v; want %v", key, st, err, state)
+				}
+			}
+		})
+	}
+}
+
+func openDB(t *testing.T, driver, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func migrated(t *testing.T, db *sql.DB, m idemmigrate.Dialect, d idemsql.Dialect) idem.Store {
+	t.Helper()
+	if err := idemmigrate.Migrate(context.Background(), db, m); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return idemsql.New(db, d)
+}

@@ -1,0 +1,32 @@
+module github.com/idem-go/idem/idempg
+
+go 1.25.0
+
+toolchain go1.26.8
+
+require (
+	github.com/idem-go/idem v0.0.0-00010101000000-000000000000
+	github.com/jackc/pgx/v5 v5.12.0
+)
+
+require (
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
+)
+
+replace github.com/idem-go/idem => ..
+
+replace github.com/idem-go/idem/idemsql => ../idemsql
+
+replace github.com/idem-go/idem/idemredis => ../idemredis
+
+replace github.com/idem-go/idem/ideminbox/internal/inboxtest => ../ideminbox/internal/inboxtest
+
+replace github.com/idem-go/idem/ideminbox/idemjetstream => ../ideminbox/idemjetstream
+
+replace github.com/idem-go/idem/ideminbox/idemamqp => ../ideminbox/idemamqp
+
+replace github.com/idem-go/idem/cmd/idem => ../cmd/idem
