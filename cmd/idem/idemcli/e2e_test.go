@@ -155,7 +155,7 @@ func countOrders(db *sql.DB, cartID string) (int, error) {
 	return n, err
 }
 
-// TestServeArticleTest is the idempotency article's closing test against
+// TestServeArticleTest fires duplicates at once against
 // the real binary on a SQLite file: parallel POSTs with one key, released
 // together, then exactly one order for the cart.
 func TestServeArticleTest(t *testing.T) {
