@@ -5,8 +5,7 @@
 // Idempotent-Replayed: true.
 //
 //	engine, _ := idem.NewEngine(store, nil)
-//	mw, _ := idemhttp.New(idemhttp.Config{
-//		Engine:     engine,
+//	mw, _ := idemhttp.NewMiddleware(engine, &idemhttp.Config{
 //		TenantFunc: func(r *http.Request) (string, error) { return userID(r.Context()) },
 //	})
 //	http.Handle("POST /orders", authenticate(mw.Handler(createOrder)))

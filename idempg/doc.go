@@ -8,7 +8,8 @@
 //
 //	pool, _ := pgxpool.New(ctx, url)
 //	_ = idempg.Migrate(ctx, pool)
-//	engine, _ := idem.NewEngine(idempg.New(pool), nil)
+//	store, _ := idempg.NewStore(pool, nil)
+//	engine, _ := idem.NewEngine(store, nil)
 //	out, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
 //		_, err := idempg.DB(ctx, pool).Exec(ctx, `INSERT INTO orders …`)
 //		return idem.Result{Status: 201}, err

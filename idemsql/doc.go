@@ -15,7 +15,9 @@
 //	…
 //	err = idemmigrate.Migrate(ctx, db, idemsql.SQLite.MigrateDialect())
 //	…
-//	engine, err := idem.NewEngine(idemsql.New(db, idemsql.SQLite), nil) // idemmysql.Dialect, idemsql.Postgres
+//	store, err := idemsql.NewStore(db, idemsql.SQLite) // idemmysql.Dialect, idemsql.Postgres
+//	…
+//	engine, err := idem.NewEngine(store, nil)
 //
 // # The handler's transaction
 //
