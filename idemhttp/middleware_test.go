@@ -655,7 +655,6 @@ func (errReader) Read([]byte) (int, error) { return 0, errors.New("connection re
 func TestNewRefusesBadConfig(t *testing.T) {
 	e := newEnv(t, nil)
 	for name, cfg := range map[string]idemhttp.Config{
-		"no engine":             {TenantFunc: tenantOf},
 		"reference, no replay":  {TenantFunc: tenantOf, Mode: idem.ModeReference},
 		"marker, no replay":     {TenantFunc: tenantOf, Mode: idem.ModeMarker},
 		"unknown mode":          {TenantFunc: tenantOf, Mode: 42},
@@ -665,8 +664,14 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		"unstored 1xx":          {TenantFunc: tenantOf, UnstoredStatuses: []int{103}},
 	} {
 		if _, err := idemhttp.NewMiddleware(e.engine, &cfg); err == nil {
-			t.Errorf("%s: New accepted the config", name)
+			t.Errorf("%s: NewMiddleware accepted the config", name)
 		}
+	}
+	if _, err := idemhttp.NewMiddleware(nil, &idemhttp.Config{TenantFunc: tenantOf}); err == nil {
+		t.Error("NewMiddleware accepted a nil engine")
+	}
+	if _, err := idemhttp.NewMiddleware(e.engine, nil); err == nil {
+		t.Error("NewMiddleware accepted a nil config")
 	}
 }
 
