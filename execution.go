@@ -40,9 +40,9 @@ type execState struct {
 	// this one, under mu since a handler may run steps concurrently.
 	steps       StepStore // nil when the store keeps none
 	saveTimeout time.Duration
-	mu         sync.Mutex
-	recorded   []RecordedStep
-	savedSteps bool // this execution recorded a step
+	mu          sync.Mutex
+	recorded    []RecordedStep
+	savedSteps  bool // this execution recorded a step
 }
 
 // execKey is the context key under which a run context answers its
