@@ -89,7 +89,8 @@ type Engine struct {
 	store  Store
 	info   StoreInfo
 	config Config
-	keeper *keeper // nil when the heartbeat is off
+	steps  StepStore // the store, when it keeps recovery points
+	keeper *keeper   // nil when the heartbeat is off
 	late   *lateReleases
 
 	running atomic.Int64  // executions inside Do
@@ -109,6 +110,7 @@ func NewEngine(store Store, config *Config) (*Engine, error) {
 		late:   newLateReleases(store),
 		idle:   make(chan struct{}, 1),
 	}
+	e.steps, _ = store.(StepStore)
 	if e.config.Heartbeat >= e.config.Lease {
 		// The lease would end before its first extension: every handler
 		// slower than the lease would lose its key, the very thing the
@@ -255,7 +257,7 @@ func (e *Engine) Do(ctx context.Context, op Operation, fn func(ctx context.Conte
 	if !claim.Won {
 		return decide(claim.Record, op.Fingerprint)
 	}
-	return e.run(ctx, op, token, fn)
+	return e.run(ctx, op, token, &claim, fn)
 }
 
 // decide answers a lost claim from the record that holds the key.
@@ -283,7 +285,7 @@ type execution struct {
 	held  *lease // nil when the heartbeat is off
 }
 
-func (e *Engine) run(ctx context.Context, op Operation, token int64, fn func(ctx context.Context) (Result, error)) (Outcome, error) {
+func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *ClaimResult, fn func(ctx context.Context) (Result, error)) (Outcome, error) {
 	unit, err := e.store.Begin(ctx)
 	if err != nil {
 		e.release(ctx, op, token)
@@ -291,7 +293,12 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, fn func(ctx
 	}
 	x := &execution{e: e, ctx: ctx, op: op, token: token, unit: unit}
 	x.rc = newRunCtx(unit.Context(ctx))
-	x.rc.exec.info = Execution{Tenant: op.Tenant, Key: op.Key, LeaseToken: token, Store: e.info.Name}
+	x.rc.exec.info = Execution{Tenant: op.Tenant, Key: op.Key, LeaseToken: token, Store: e.info.Name, Takeover: claim.Takeover}
+	x.rc.exec.steps, x.rc.exec.saveTimeout = e.steps, e.config.CleanupTimeout
+	if n := len(claim.Steps); n > 0 {
+		x.rc.exec.recorded = claim.Steps
+		x.rc.exec.info.RecoveryPoint = claim.Steps[n-1].Name
+	}
 	if e.keeper != nil {
 		x.held = e.keeper.add(op, token, e.config.Lease, x.rc)
 	}

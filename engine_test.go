@@ -31,7 +31,7 @@ func newEngine(t *testing.T, store idem.Store, cfg *idem.Config) *idem.Engine {
 // would have ended, are told it is in flight and never run.
 func TestDoHeartbeatKeepsSlowHandler(t *testing.T) {
 	const lease = 200 * time.Millisecond
-	store := idemmem.New(nil)
+	store := idemmem.NewStore(nil)
 	e := newEngine(t, store, &idem.Config{Lease: lease, Heartbeat: 50 * time.Millisecond})
 	op := idem.Operation{Tenant: "t", Key: "slow", Fingerprint: []byte("req")}
 
@@ -108,7 +108,7 @@ func TestDoHeartbeatKeepsSlowHandler(t *testing.T) {
 // retry, which runs; the slow handler's completion is refused.
 func TestDoHeartbeatOffLosesLease(t *testing.T) {
 	const lease = 200 * time.Millisecond
-	store := idemmem.New(nil)
+	store := idemmem.NewStore(nil)
 	e := newEngine(t, store, &idem.Config{Lease: lease, Heartbeat: -1})
 	op := idem.Operation{Tenant: "t", Key: "slow", Fingerprint: []byte("req")}
 
@@ -173,7 +173,7 @@ func TestDoHeartbeatOffLosesLease(t *testing.T) {
 // ErrLeaseLost and Do reports the lost lease.
 func TestDoHeartbeatStopsHandlerOnLostLease(t *testing.T) {
 	var skew atomic.Int64
-	store := idemmem.New(&idemmem.Config{NowFunc: func() time.Time {
+	store := idemmem.NewStore(&idemmem.Config{NowFunc: func() time.Time {
 		return time.Now().Add(time.Duration(skew.Load()))
 	}})
 	e := newEngine(t, store, &idem.Config{Lease: time.Minute, Heartbeat: 20 * time.Millisecond})
@@ -261,7 +261,7 @@ func TestValidateKey(t *testing.T) {
 
 // An invalid key is refused before the store is touched.
 func TestDoInvalidKey(t *testing.T) {
-	store := idemmem.New(nil)
+	store := idemmem.NewStore(nil)
 	e := newEngine(t, store, nil)
 	for _, key := range []string{"", "a b", strings.Repeat("k", 256)} {
 		_, err := e.Do(context.Background(), idem.Operation{Key: key}, func(context.Context) (idem.Result, error) {
@@ -281,10 +281,10 @@ func TestNewEngine(t *testing.T) {
 	if _, err := idem.NewEngine(nil, nil); err == nil {
 		t.Error("NewEngine(nil, nil) = nil error, want one")
 	}
-	if _, err := idem.NewEngine(idemmem.New(nil), &idem.Config{Lease: 10 * time.Second, Heartbeat: 30 * time.Second}); err == nil {
+	if _, err := idem.NewEngine(idemmem.NewStore(nil), &idem.Config{Lease: 10 * time.Second, Heartbeat: 30 * time.Second}); err == nil {
 		t.Error("NewEngine accepted a heartbeat slower than the lease")
 	}
-	c := newEngine(t, idemmem.New(nil), nil).Config()
+	c := newEngine(t, idemmem.NewStore(nil), nil).Config()
 	if c.Lease != idem.DefaultLease || c.Retention != idem.DefaultRetention ||
 		c.Heartbeat != idem.DefaultLease/3 || c.RetryAfter != idem.DefaultRetryAfter ||
 		c.CleanupTimeout <= 0 || c.Logger == nil {
@@ -369,7 +369,7 @@ func TestDoEndsEveryTx(t *testing.T) {
 		{name: "begin fails after rollback writes", failBegin: errors.New("connection refused"), rollback: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			store := &trackingStore{Store: idemmem.New(nil), failComplete: tc.fail, failLaterBegin: tc.failBegin}
+			store := &trackingStore{Store: idemmem.NewStore(nil), failComplete: tc.fail, failLaterBegin: tc.failBegin}
 			e := newEngine(t, store, nil)
 			var err error
 			func() {
@@ -404,7 +404,7 @@ func TestDoEndsEveryTx(t *testing.T) {
 // whose lease still runs: the key would run twice at once.
 func TestDoRetentionShorterThanLease(t *testing.T) {
 	const retention = 100 * time.Millisecond
-	store := idemmem.New(nil)
+	store := idemmem.NewStore(nil)
 	e := newEngine(t, store, &idem.Config{Lease: time.Minute, Retention: retention})
 	op := idem.Operation{Key: "k"}
 

@@ -13,7 +13,7 @@ import (
 // A client retries "create order" after a timeout; the order is created
 // once and the retry gets the first answer back.
 func ExampleEngine_Do() {
-	engine, err := idem.NewEngine(idemmem.New(nil), nil)
+	engine, err := idem.NewEngine(idemmem.NewStore(nil), nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func ExampleEngine_Do() {
 // A failed execution releases the key, so the retry runs again instead of
 // replaying the failure.
 func ExampleEngine_Do_failure() {
-	engine, err := idem.NewEngine(idemmem.New(nil), nil)
+	engine, err := idem.NewEngine(idemmem.NewStore(nil), nil)
 	if err != nil {
 		log.Fatal(err)
 	}

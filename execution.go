@@ -2,7 +2,9 @@ package idem
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Execution describes the execution of an operation that is running now:
@@ -17,6 +19,14 @@ type Execution struct {
 	LeaseToken int64
 	// Store names the store that keeps the record (StoreInfo.Name).
 	Store string
+	// Takeover is true when this execution took the key over from an
+	// earlier one that did not finish: it died, lost its lease, or was
+	// rolled back after it recorded steps. Its effects outside the store
+	// may have happened; the recovery points (Step) say which.
+	Takeover bool
+	// RecoveryPoint names the last step the earlier executions recorded,
+	// "" when they recorded none.
+	RecoveryPoint string
 }
 
 // execState is the part of a running execution that the handler may
@@ -25,6 +35,14 @@ type execState struct {
 	info           Execution
 	notExecuted    atomic.Bool
 	rollbackWrites atomic.Bool
+
+	// Recovery points: those recorded by earlier executions, and those of
+	// this one, under mu since a handler may run steps concurrently.
+	steps       StepStore // nil when the store keeps none
+	saveTimeout time.Duration
+	mu          sync.Mutex
+	recorded    []RecordedStep
+	savedSteps  bool // this execution recorded a step
 }
 
 // execKey is the context key under which a run context answers its

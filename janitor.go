@@ -30,11 +30,18 @@ type Janitor struct {
 	config JanitorConfig
 }
 
-// NewJanitor returns a janitor over store. A nil config means the defaults.
-func NewJanitor(store Store, config *JanitorConfig) *Janitor {
+// NewJanitor returns a janitor over store. A nil config means the
+// defaults; a negative setting is an error.
+func NewJanitor(store Store, config *JanitorConfig) (*Janitor, error) {
+	if store == nil {
+		return nil, errors.New("idem: NewJanitor needs a store")
+	}
 	c := JanitorConfig{}
 	if config != nil {
 		c = *config
+	}
+	if c.Interval < 0 || c.BatchSize < 0 || c.BatchPause < 0 {
+		return nil, errors.New("idem: JanitorConfig.Interval, BatchSize and BatchPause must not be negative")
 	}
 	if c.Interval <= 0 {
 		c.Interval = time.Minute
@@ -45,7 +52,7 @@ func NewJanitor(store Store, config *JanitorConfig) *Janitor {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return &Janitor{store: store, config: c}
+	return &Janitor{store: store, config: c}, nil
 }
 
 // PurgeOnce deletes expired records in batches until a batch comes back

@@ -87,6 +87,9 @@ type Record struct {
 	Result      Result
 	CreatedAt   time.Time
 	CompletedAt time.Time // zero while in flight
+	// Steps are the recovery points recorded while the key was in flight
+	// (StepStore), in order.
+	Steps []RecordedStep
 	// ExpiresAt is the end of retention: past it the record counts as
 	// absent, whether or not a purge has deleted it yet.
 	ExpiresAt time.Time

@@ -51,7 +51,9 @@ type Store interface {
 
 	// Release deletes the in-flight record held under Token, so that the
 	// next retry runs afresh. It does nothing, without error, when the
-	// record is complete or held under another token.
+	// record is complete or held under another token. A record that holds
+	// recovery points (StepStore) is not deleted: its lease is ended
+	// instead, so that the next claim takes it over with its steps.
 	Release(ctx context.Context, p ReleaseParams) error
 
 	// Get reads the record for (tenant, key), whatever its state or
@@ -138,6 +140,13 @@ type ClaimResult struct {
 	Won bool
 	// Record is the existing record when the claim was lost; nil when won.
 	Record *Record
+	// Takeover is true when the claim was won over an in-flight record
+	// whose lease had ended: an earlier execution died, was cut off, or
+	// was released after it recorded steps.
+	Takeover bool
+	// Steps are the recovery points the earlier executions of the key
+	// recorded (StepStore), in order, when the claim is a takeover.
+	Steps []RecordedStep
 }
 
 // CompleteParams are the arguments of Tx.Complete.

@@ -109,11 +109,11 @@ func lose(w http.ResponseWriter) bool {
 // response is lost after the commit.
 func lostFirstResponse(t *testing.T, h http.Handler) (*httptest.Server, *attempts) {
 	t.Helper()
-	eng, err := idem.NewEngine(idemmem.New(nil), nil)
+	eng, err := idem.NewEngine(idemmem.NewStore(nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
+	m, err := idemhttp.NewMiddleware(eng, &idemhttp.Config{SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,14 +174,14 @@ func TestIdemclientLostResponse(t *testing.T) {
 func TestIdemclientSlowHandler(t *testing.T) {
 	gate := make(chan struct{})
 	c := &customers{gate: gate}
-	eng, err := idem.NewEngine(idemmem.New(nil), nil)
+	eng, err := idem.NewEngine(idemmem.NewStore(nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The server lets the execution finish after its client gave up (the
 	// way Stripe works), so the retry meets it in flight rather than
 	// running the operation again.
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
+	m, err := idemhttp.NewMiddleware(eng, &idemhttp.Config{SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func idemNode(t *testing.T, store idem.Store, h http.Handler) http.Handler {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = eng.Close(context.Background()) })
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
+	m, err := idemhttp.NewMiddleware(eng, &idemhttp.Config{SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +291,7 @@ func TestRedirectCarriesTheKey(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			store := idemmem.New(nil)
+			store := idemmem.NewStore(nil)
 			cus := &customers{}
 			var seenA, seenB keyLog
 			b := idemNode(t, store, cus)
@@ -384,14 +384,14 @@ func TestInFlightOutlivesACrashedHolder(t *testing.T) {
 		defer mu.Unlock()
 		return now
 	}
-	store := idemmem.New(&idemmem.Config{NowFunc: clock})
+	store := idemmem.NewStore(&idemmem.Config{NowFunc: clock})
 	// The default lease; no heartbeat, as nobody extends a dead process's
 	// lease.
 	eng, err := idem.NewEngine(store, &idem.Config{Heartbeat: -1, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true, Logger: slog.New(slog.DiscardHandler)})
+	m, err := idemhttp.NewMiddleware(eng, &idemhttp.Config{SharedKeySpace: true, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -103,13 +103,10 @@ var neverReplayed = map[string]bool{
 	HeaderReplayed:        true,
 }
 
-// Config configures a Middleware. Engine and a tenant rule (TenantFunc,
-// or SharedKeySpace) are required; the zero value of every other field
-// means its documented default.
+// Config configures a Middleware. A tenant rule (TenantFunc, or
+// SharedKeySpace) is required; the zero value of every other field means
+// its documented default.
 type Config struct {
-	// Engine runs the operations. Required.
-	Engine *idem.Engine
-
 	// Methods are the request methods the middleware protects; others pass
 	// through untouched, without the Idempotency-Key echo. Defaults to
 	// DefaultMethods (POST, PATCH).
@@ -264,9 +261,6 @@ var errNoTenantRule = errors.New("idemhttp: Config.TenantFunc is nil: every call
 
 // validate checks c and fills in its defaults.
 func (c *Config) validate() error {
-	if c.Engine == nil {
-		return errors.New("idemhttp: Config.Engine is required")
-	}
 	switch {
 	case c.TenantFunc == nil && !c.SharedKeySpace:
 		return errNoTenantRule

@@ -71,7 +71,7 @@ func TestNonCanonicalReplayHeader(t *testing.T) {
 	if again.Header().Get(idemhttp.HeaderReplayed) != "true" || again.Header().Get("Etag") != `"v1"` {
 		t.Fatalf("replay headers %v, want the ETag", again.Header())
 	}
-	if _, err := idemhttp.New(idemhttp.Config{Engine: e.engine, TenantFunc: tenantOf, ReplayHeaders: []string{"X Foo"}}); err == nil {
+	if _, err := idemhttp.NewMiddleware(e.engine, &idemhttp.Config{TenantFunc: tenantOf, ReplayHeaders: []string{"X Foo"}}); err == nil {
 		t.Fatal("New accepted the header name \"X Foo\"")
 	}
 }

@@ -46,11 +46,11 @@ func tenantOfUser(r *http.Request) (string, error) {
 // of a POST is answered from the stored response, and the handler runs
 // once.
 func Example() {
-	engine, err := idem.NewEngine(idemmem.New(nil), nil)
+	engine, err := idem.NewEngine(idemmem.NewStore(nil), nil)
 	if err != nil {
 		panic(err)
 	}
-	mw, err := idemhttp.New(idemhttp.Config{Engine: engine, TenantFunc: tenantOfUser})
+	mw, err := idemhttp.NewMiddleware(engine, &idemhttp.Config{TenantFunc: tenantOfUser})
 	if err != nil {
 		panic(err)
 	}
@@ -87,8 +87,8 @@ func Example() {
 // A key reused for another request is refused with a problem; the same
 // key sent by another caller names another operation.
 func Example_fingerprintMismatch() {
-	engine, _ := idem.NewEngine(idemmem.New(nil), nil)
-	mw, _ := idemhttp.New(idemhttp.Config{Engine: engine, TenantFunc: tenantOfUser})
+	engine, _ := idem.NewEngine(idemmem.NewStore(nil), nil)
+	mw, _ := idemhttp.NewMiddleware(engine, &idemhttp.Config{TenantFunc: tenantOfUser})
 	h := authenticate(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 	})))
@@ -113,9 +113,8 @@ func Example_fingerprintMismatch() {
 // In reference mode the store keeps the id of what the handler created,
 // and replays are rebuilt from it.
 func ExampleSetReference() {
-	engine, _ := idem.NewEngine(idemmem.New(nil), nil)
-	mw, _ := idemhttp.New(idemhttp.Config{
-		Engine:     engine,
+	engine, _ := idem.NewEngine(idemmem.NewStore(nil), nil)
+	mw, _ := idemhttp.NewMiddleware(engine, &idemhttp.Config{
 		TenantFunc: tenantOfUser,
 		Mode:       idem.ModeReference,
 		ReplayFunc: func(w http.ResponseWriter, r *http.Request, res idem.Result) {

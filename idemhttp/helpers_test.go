@@ -72,7 +72,7 @@ type env struct {
 func newEnv(t testing.TB, ec *idem.Config) *env {
 	t.Helper()
 	c := newClock()
-	store := idemmem.New(&idemmem.Config{NowFunc: c.Now})
+	store := idemmem.NewStore(&idemmem.Config{NowFunc: c.Now})
 	if ec == nil {
 		ec = &idem.Config{}
 	}
@@ -90,14 +90,13 @@ func newEnv(t testing.TB, ec *idem.Config) *env {
 // to the env's, its TenantFunc to tenantOf unless the key space is shared).
 func (e *env) handler(t testing.TB, cfg idemhttp.Config, next http.Handler) http.Handler {
 	t.Helper()
-	cfg.Engine = e.engine
 	if cfg.TenantFunc == nil && !cfg.SharedKeySpace {
 		cfg.TenantFunc = tenantOf
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger
 	}
-	m, err := idemhttp.New(cfg)
+	m, err := idemhttp.NewMiddleware(e.engine, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,21 +27,30 @@ type Middleware struct {
 	problems   *problems // the texts true for the engine's store
 }
 
-// New returns a middleware for config, or an error when config is
-// unusable: no Engine, no tenant rule (neither TenantFunc nor
-// SharedKeySpace), a storage mode without its ReplayFunc, or a
-// ReplayHeaders entry that must never be replayed.
-func New(config Config) (*Middleware, error) {
-	if err := config.validate(); err != nil {
+// NewMiddleware returns a middleware that runs the requests it covers
+// through engine, or an error when config is unusable: no tenant rule
+// (neither TenantFunc nor SharedKeySpace), a storage mode without its
+// ReplayFunc, or a ReplayHeaders entry that must never be replayed. A nil
+// config is an error too, since a tenant rule is required.
+func NewMiddleware(engine *idem.Engine, config *Config) (*Middleware, error) {
+	if engine == nil {
+		return nil, errors.New("idemhttp: NewMiddleware needs an engine")
+	}
+	if config == nil {
+		return nil, errNoTenantRule
+	}
+	cfg := *config
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+
 	m := &Middleware{
-		config:   config,
-		engine:   config.Engine,
-		methods:  config.Methods,
+		config:   cfg,
+		engine:   engine,
+		methods:  cfg.Methods,
 		problems: &problemsNotTransactional,
 	}
-	if config.Engine.Store().Info().Transactional {
+	if engine.Store().Info().Transactional {
 		m.problems = &problemsTransactional
 	}
 	for _, name := range DefaultReplayHeaders {
@@ -50,7 +59,7 @@ func New(config Config) (*Middleware, error) {
 	for _, name := range config.ReplayHeaders {
 		m.replay.add(http.CanonicalHeaderKey(name))
 	}
-	m.retryAfter = []string{strconv.Itoa(retryAfterSeconds(config.Engine.Config().RetryAfter))}
+	m.retryAfter = []string{strconv.Itoa(retryAfterSeconds(engine.Config().RetryAfter))}
 	return m, nil
 }
 

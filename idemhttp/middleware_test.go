@@ -225,7 +225,7 @@ func TestSecurityHeadersReplayed(t *testing.T) {
 func TestSetCookieNeverReplayed(t *testing.T) {
 	e := newEnv(t, nil)
 	for _, name := range []string{"Set-Cookie", "set-cookie", "Date", "Connection", "Transfer-Encoding"} {
-		_, err := idemhttp.New(idemhttp.Config{Engine: e.engine, TenantFunc: tenantOf, ReplayHeaders: []string{name}})
+		_, err := idemhttp.NewMiddleware(e.engine, &idemhttp.Config{TenantFunc: tenantOf, ReplayHeaders: []string{name}})
 		if err == nil {
 			t.Fatalf("New accepted ReplayHeaders %q", name)
 		}
@@ -413,7 +413,7 @@ func TestStoreUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := &counting{}
-	m, err := idemhttp.New(idemhttp.Config{Engine: engine, TenantFunc: tenantOf, Logger: quietLogger})
+	m, err := idemhttp.NewMiddleware(engine, &idemhttp.Config{TenantFunc: tenantOf, Logger: quietLogger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -655,18 +655,23 @@ func (errReader) Read([]byte) (int, error) { return 0, errors.New("connection re
 func TestNewRefusesBadConfig(t *testing.T) {
 	e := newEnv(t, nil)
 	for name, cfg := range map[string]idemhttp.Config{
-		"no engine":             {TenantFunc: tenantOf},
-		"reference, no replay":  {Engine: e.engine, TenantFunc: tenantOf, Mode: idem.ModeReference},
-		"marker, no replay":     {Engine: e.engine, TenantFunc: tenantOf, Mode: idem.ModeMarker},
-		"unknown mode":          {Engine: e.engine, TenantFunc: tenantOf, Mode: 42},
-		"cookie in replay list": {Engine: e.engine, TenantFunc: tenantOf, ReplayHeaders: []string{"Set-Cookie"}},
-		"no tenant rule":        {Engine: e.engine},
-		"two tenant rules":      {Engine: e.engine, TenantFunc: tenantOf, SharedKeySpace: true},
-		"unstored 1xx":          {Engine: e.engine, TenantFunc: tenantOf, UnstoredStatuses: []int{103}},
+		"reference, no replay":  {TenantFunc: tenantOf, Mode: idem.ModeReference},
+		"marker, no replay":     {TenantFunc: tenantOf, Mode: idem.ModeMarker},
+		"unknown mode":          {TenantFunc: tenantOf, Mode: 42},
+		"cookie in replay list": {TenantFunc: tenantOf, ReplayHeaders: []string{"Set-Cookie"}},
+		"no tenant rule":        {},
+		"two tenant rules":      {TenantFunc: tenantOf, SharedKeySpace: true},
+		"unstored 1xx":          {TenantFunc: tenantOf, UnstoredStatuses: []int{103}},
 	} {
-		if _, err := idemhttp.New(cfg); err == nil {
-			t.Errorf("%s: New accepted the config", name)
+		if _, err := idemhttp.NewMiddleware(e.engine, &cfg); err == nil {
+			t.Errorf("%s: NewMiddleware accepted the config", name)
 		}
+	}
+	if _, err := idemhttp.NewMiddleware(nil, &idemhttp.Config{TenantFunc: tenantOf}); err == nil {
+		t.Error("NewMiddleware accepted a nil engine")
+	}
+	if _, err := idemhttp.NewMiddleware(e.engine, nil); err == nil {
+		t.Error("NewMiddleware accepted a nil config")
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 // what to do.
 func TestNewRequiresATenantRule(t *testing.T) {
 	e := newEnv(t, nil)
-	_, err := idemhttp.New(idemhttp.Config{Engine: e.engine})
+	_, err := idemhttp.NewMiddleware(e.engine, &idemhttp.Config{})
 	if err == nil || !strings.Contains(err.Error(), "TenantFunc") || !strings.Contains(err.Error(), "SharedKeySpace") {
 		t.Fatalf("New without TenantFunc: %v, want an error naming TenantFunc and SharedKeySpace", err)
 	}

@@ -14,8 +14,8 @@ import (
 // through the store's transaction and its rows commit with the dedup
 // record; idemmem keeps the example free of any server.
 func Example() {
-	inbox, err := ideminbox.New(ideminbox.Config{
-		Store:    idemmem.New(nil),
+	inbox, err := ideminbox.NewInbox(&ideminbox.Config{
+		Store:    idemmem.NewStore(nil),
 		Consumer: "order-projector",
 	})
 	if err != nil {
@@ -42,8 +42,8 @@ func Example() {
 // as poison, with its payload and error, handed to the dead-letter hook
 // and acknowledged; its later copies are acknowledged without running.
 func ExampleInbox_Status() {
-	inbox, err := ideminbox.New(ideminbox.Config{
-		Store:       idemmem.New(nil),
+	inbox, err := ideminbox.NewInbox(&ideminbox.Config{
+		Store:       idemmem.NewStore(nil),
 		Consumer:    "order-projector",
 		MaxAttempts: 2,
 		DeadLetterFunc: func(ctx context.Context, msg ideminbox.Message, cause error) error {

@@ -159,8 +159,14 @@ type Inbox struct {
 // every store (MySQL keeps tenants of up to 512 bytes).
 const maxConsumer = 255
 
-// New returns an inbox.
-func New(config Config) (*Inbox, error) {
+// NewInbox returns an inbox, or an error when config is unusable: no
+// Consumer, or not exactly one of Engine and Store.
+func NewInbox(config *Config) (*Inbox, error) {
+	if config == nil {
+		return nil, errors.New("ideminbox: NewInbox needs a Config with its Consumer and its Engine or Store")
+	}
+	cfgCopy := *config
+	config = &cfgCopy
 	if config.Consumer == "" {
 		return nil, errors.New("ideminbox: Config.Consumer is required")
 	}
@@ -210,7 +216,7 @@ func New(config Config) (*Inbox, error) {
 	}
 	return &Inbox{
 		engine: engine,
-		config: config,
+		config: *config,
 		tenant: Tenant(config.Consumer),
 		local:  newLocalAttempts(config.LocalAttemptsLimit),
 	}, nil

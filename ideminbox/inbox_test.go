@@ -27,7 +27,7 @@ func newInbox(t *testing.T, store idem.Store, mod func(*ideminbox.Config)) *idem
 	if mod != nil {
 		mod(&c)
 	}
-	in, err := ideminbox.New(c)
+	in, err := ideminbox.NewInbox(&c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func deliver(t *testing.T, in *ideminbox.Inbox, msg ideminbox.Message, h ideminb
 // Copies of each message delivered at the same instant from many
 // goroutines run the handler once per message.
 func TestConcurrentDuplicatesRunOnce(t *testing.T) {
-	in := newInbox(t, idemmem.New(nil), nil)
+	in := newInbox(t, idemmem.NewStore(nil), nil)
 	const messages, copies = 20, 8
 	var runs [messages]atomic.Int32
 	var acks, dups atomic.Int32
@@ -99,7 +99,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 }
 
 func TestFailedHandlerReleasesKey(t *testing.T) {
-	in := newInbox(t, idemmem.New(nil), func(c *ideminbox.Config) { c.MaxAttempts = 5 })
+	in := newInbox(t, idemmem.NewStore(nil), func(c *ideminbox.Config) { c.MaxAttempts = 5 })
 	runs := 0
 	d := deliver(t, in, ideminbox.Message{ID: "m1"}, func(ctx context.Context) error {
 		runs++
@@ -121,7 +121,7 @@ func TestPoison(t *testing.T) {
 	for _, local := range []bool{false, true} {
 		t.Run(fmt.Sprintf("local=%v", local), func(t *testing.T) {
 			var dead []string
-			in := newInbox(t, idemmem.New(nil), func(c *ideminbox.Config) {
+			in := newInbox(t, idemmem.NewStore(nil), func(c *ideminbox.Config) {
 				c.DeadLetterFunc = func(ctx context.Context, msg ideminbox.Message, cause error) error {
 					dead = append(dead, msg.ID+": "+cause.Error())
 					return nil
@@ -167,7 +167,7 @@ func TestPoison(t *testing.T) {
 // again, and becomes poison when the hook works.
 func TestDeadLetterFailureKeepsMessage(t *testing.T) {
 	hookCalls := 0
-	in := newInbox(t, idemmem.New(nil), func(c *ideminbox.Config) {
+	in := newInbox(t, idemmem.NewStore(nil), func(c *ideminbox.Config) {
 		c.MaxAttempts = 1
 		c.DeadLetterFunc = func(ctx context.Context, msg ideminbox.Message, cause error) error {
 			hookCalls++
@@ -193,7 +193,7 @@ func TestDeadLetterFailureKeepsMessage(t *testing.T) {
 
 // Two consumers of the same message each process it once.
 func TestConsumersAreIndependent(t *testing.T) {
-	store := idemmem.New(nil)
+	store := idemmem.NewStore(nil)
 	a := newInbox(t, store, nil)
 	b := newInbox(t, store, func(c *ideminbox.Config) { c.Consumer = "billing" })
 	runs := 0
@@ -209,7 +209,7 @@ func TestConsumersAreIndependent(t *testing.T) {
 }
 
 func TestInFlightIsHeldWithDelay(t *testing.T) {
-	in := newInbox(t, idemmem.New(nil), func(c *ideminbox.Config) { c.InFlightDelay = 7 * time.Second })
+	in := newInbox(t, idemmem.NewStore(nil), func(c *ideminbox.Config) { c.InFlightDelay = 7 * time.Second })
 	entered, release := make(chan struct{}), make(chan struct{})
 	done := make(chan ideminbox.Decision)
 	go func() {
@@ -235,7 +235,7 @@ func TestInFlightIsHeldWithDelay(t *testing.T) {
 }
 
 func TestNoIDIsRejected(t *testing.T) {
-	in := newInbox(t, idemmem.New(nil), nil)
+	in := newInbox(t, idemmem.NewStore(nil), nil)
 	d, err := in.Process(context.Background(), ideminbox.Message{}, func(ctx context.Context) error {
 		t.Error("ran without an id")
 		return nil
@@ -246,7 +246,7 @@ func TestNoIDIsRejected(t *testing.T) {
 }
 
 func TestCancelledContextIsNotAFailure(t *testing.T) {
-	in := newInbox(t, idemmem.New(nil), func(c *ideminbox.Config) { c.MaxAttempts = 1 })
+	in := newInbox(t, idemmem.NewStore(nil), func(c *ideminbox.Config) { c.MaxAttempts = 1 })
 	ctx, cancel := context.WithCancel(context.Background())
 	d, err := in.Process(ctx, ideminbox.Message{ID: "m", Attempt: 1}, func(ctx context.Context) error {
 		cancel()
@@ -276,11 +276,11 @@ func TestKey(t *testing.T) {
 }
 
 func TestConfigDefaults(t *testing.T) {
-	engine, err := idem.NewEngine(idemmem.New(nil), &idem.Config{Lease: time.Minute})
+	engine, err := idem.NewEngine(idemmem.NewStore(nil), &idem.Config{Lease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := ideminbox.New(ideminbox.Config{Engine: engine, Consumer: "c"})
+	in, err := ideminbox.NewInbox(&ideminbox.Config{Engine: engine, Consumer: "c"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,12 +293,12 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatalf("defaults: %+v, engine %+v", c, ec)
 	}
 	for _, bad := range []ideminbox.Config{
-		{Store: idemmem.New(nil)},
+		{Store: idemmem.NewStore(nil)},
 		{Consumer: "c"},
-		{Consumer: "c", Engine: engine, Store: idemmem.New(nil)},
-		{Consumer: strings.Repeat("c", 256), Store: idemmem.New(nil)}, // its tenant would not fit MySQL's 512 bytes
+		{Consumer: "c", Engine: engine, Store: idemmem.NewStore(nil)},
+		{Consumer: strings.Repeat("c", 256), Store: idemmem.NewStore(nil)}, // its tenant would not fit MySQL's 512 bytes
 	} {
-		if _, err := ideminbox.New(bad); err == nil {
+		if _, err := ideminbox.NewInbox(&bad); err == nil {
 			t.Errorf("New(%+v) accepted", bad)
 		}
 	}
@@ -314,7 +314,7 @@ func TestHandlerErrorsAreFailures(t *testing.T) {
 		"panic":     func(ctx context.Context) error { panic("bad order") },
 	} {
 		t.Run(name, func(t *testing.T) {
-			in := newInbox(t, idemmem.New(nil), func(c *ideminbox.Config) {
+			in := newInbox(t, idemmem.NewStore(nil), func(c *ideminbox.Config) {
 				c.MaxAttempts = 2
 				c.RetryDelayFunc = func(int) time.Duration { return time.Hour }
 			})
@@ -345,7 +345,7 @@ func TestRetention(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-	store := idemmem.New(&idemmem.Config{NowFunc: clock})
+	store := idemmem.NewStore(&idemmem.Config{NowFunc: clock})
 	in := newInbox(t, store, nil)
 	runs := 0
 	h := func(ctx context.Context) error { runs++; return nil }
@@ -358,7 +358,11 @@ func TestRetention(t *testing.T) {
 		t.Fatalf("after 6 days: %v", d.Action)
 	}
 	advance(2 * 24 * time.Hour)
-	if n, err := idem.NewJanitor(store, nil).PurgeOnce(context.Background()); n != 1 || err != nil {
+	janitor, err := idem.NewJanitor(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := janitor.PurgeOnce(context.Background()); n != 1 || err != nil {
 		t.Fatalf("purge after 8 days: %d, %v", n, err)
 	}
 	if st, _ := in.Status(context.Background(), "m"); st.State != ideminbox.StateAbsent || runs != 1 {

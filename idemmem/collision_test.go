@@ -17,7 +17,7 @@ import (
 func TestHashCollision(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	s := idemmem.New(&idemmem.Config{NowFunc: func() time.Time { return now }})
+	s := idemmem.NewStore(&idemmem.Config{NowFunc: func() time.Time { return now }})
 	type pair struct{ tenant, key string }
 	pairs := []pair{{"a\x00b", "c"}, {"a", "b\x00c"}}
 	for i, p := range pairs {

@@ -28,7 +28,7 @@ type Config struct {
 	NowFunc func() time.Time
 }
 
-// Store is an in-memory idem.Store. The zero value is not usable; call New.
+// Store is an in-memory idem.Store. The zero value is not usable; call NewStore.
 type Store struct {
 	now    func() time.Time
 	seed   maphash.Seed
@@ -106,8 +106,8 @@ var _ idem.Store = (*Store)(nil)
 // Info implements idem.Store: "memory", without transactions.
 func (s *Store) Info() idem.StoreInfo { return idem.StoreInfo{Name: "memory"} }
 
-// New returns an empty store. A nil config means the defaults.
-func New(config *Config) *Store {
+// NewStore returns an empty store. A nil config means the defaults.
+func NewStore(config *Config) *Store {
 	s := &Store{now: time.Now, seed: maphash.MakeSeed()}
 	if config != nil && config.NowFunc != nil {
 		s.now = config.NowFunc

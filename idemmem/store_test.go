@@ -10,7 +10,7 @@ import (
 
 func TestStore(t *testing.T) {
 	idemstoretest.Exercise(context.Background(), t, func(t *testing.T) *idemstoretest.Fixture {
-		s := idemmem.New(nil)
+		s := idemmem.NewStore(nil)
 		// The memory store lives in one process: the in-process
 		// equivalent of a second process on the same database is a second
 		// handle on the same *Store, and every goroutine already shares

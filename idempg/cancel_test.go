@@ -134,7 +134,7 @@ func TestUnreachableDatabaseStartsNoRelease(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer pool.Close()
-			store := idempg.NewWithConfig(pool, mode.config)
+			store := must(idempg.NewStore(pool, mode.config))
 			for i := range 20 {
 				_, err := store.Claim(context.Background(), idem.ClaimParams{Tenant: "t", Key: fmt.Sprintf("k%d", i), Token: int64(i + 1), Lease: time.Minute, Retention: time.Hour})
 				if err == nil {

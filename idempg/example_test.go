@@ -58,7 +58,11 @@ func Example() {
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, ref text NOT NULL, note text)`); err != nil {
 		log.Fatal(err)
 	}
-	engine, err := idem.NewEngine(idempg.New(pool), nil)
+	store, err := idempg.NewStore(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	engine, err := idem.NewEngine(store, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -98,7 +102,10 @@ func ExampleStore_CompleteTx() {
 	if err := idempg.Migrate(ctx, pool); err != nil {
 		log.Fatal(err)
 	}
-	store := idempg.New(pool)
+	store, err := idempg.NewStore(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	claim, err := store.Claim(ctx, idem.ClaimParams{Tenant: "consumer", Key: "msg-1", Token: 1,
 		Lease: idem.DefaultLease, Retention: idem.DefaultRetention})
@@ -129,14 +136,17 @@ func ExampleStore_CompleteTx() {
 // ClaimBatchSize). Twenty requests with twenty keys, released together:
 // the first goes out alone, the others queue behind it and follow in one
 // or two statements, and each key is claimed once.
-func ExampleNewWithConfig() {
+func ExampleNewStore() {
 	ctx := context.Background()
 	pool, drop := exampleSchema(ctx)
 	defer drop()
 	if err := idempg.Migrate(ctx, pool); err != nil {
 		log.Fatal(err)
 	}
-	store := idempg.NewWithConfig(pool, &idempg.Config{ClaimBatchSize: 16})
+	store, err := idempg.NewStore(pool, &idempg.Config{ClaimBatchSize: 16})
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	start := make(chan struct{})
 	won := make(chan bool, 20)

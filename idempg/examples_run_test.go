@@ -16,5 +16,5 @@ func TestExamples(t *testing.T) {
 201 {"id":1} replayed: true
 orders: 1`)
 	testenv.RunExample(t, ExampleStore_CompleteTx, "complete")
-	testenv.RunExample(t, ExampleNewWithConfig, "claimed: 20")
+	testenv.RunExample(t, ExampleNewStore, "claimed: 20")
 }

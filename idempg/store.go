@@ -2,6 +2,8 @@ package idempg
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -11,7 +13,7 @@ import (
 // Store is an idem.Store on PostgreSQL through a pgx connection pool. It
 // holds no state of its own besides the pool, so any number of Stores, in
 // any number of processes, may share one database. The zero value is not
-// usable; call New.
+// usable; call NewStore.
 type Store struct {
 	pool *pgxpool.Pool
 	// claimQuery is claimSQL; the benchmarks swap in variants of it to
@@ -61,29 +63,35 @@ func (s *Store) Info() idem.StoreInfo {
 	return idem.StoreInfo{Name: "postgresql", Transactional: true}
 }
 
-// New returns a store over pool. The tables and the idem_complete function
-// must exist: run Migrate (or the files of idemmigrate) first. The store
-// finds them through the connections' search_path, so one database may
-// hold several idem schemas.
-func New(pool *pgxpool.Pool) *Store {
-	return NewWithConfig(pool, nil)
-}
-
-// NewWithConfig is New with settings; config may be nil.
-func NewWithConfig(pool *pgxpool.Pool, config *Config) *Store {
+// NewStore returns a store over pool; config may be nil for the defaults.
+// The tables and the idem_complete function must exist: run Migrate (or
+// the files of idemmigrate) first. The store finds them through the
+// connections' search_path, so one database may hold several idem
+// schemas.
+func NewStore(pool *pgxpool.Pool, config *Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("idempg: NewStore needs a pool")
+	}
+	cfg := Config{}
+	if config != nil {
+		cfg = *config
+	}
+	if cfg.ClaimBatchSize < 0 || cfg.ClaimConcurrency < 0 {
+		return nil, fmt.Errorf("idempg: Config.ClaimBatchSize (%d) and Config.ClaimConcurrency (%d) must not be negative", cfg.ClaimBatchSize, cfg.ClaimConcurrency)
+	}
 	s := &Store{pool: pool, claimQuery: claimSQL}
 	size := DefaultClaimBatchSize
-	if config != nil && config.ClaimBatchSize > 0 {
-		size = config.ClaimBatchSize
+	if cfg.ClaimBatchSize > 0 {
+		size = cfg.ClaimBatchSize
 	}
 	if size > 1 {
 		running := DefaultClaimConcurrency
-		if config != nil && config.ClaimConcurrency > 0 {
-			running = config.ClaimConcurrency
+		if cfg.ClaimConcurrency > 0 {
+			running = cfg.ClaimConcurrency
 		}
 		s.batcher = &claimBatcher{store: s, maxSize: size, maxRunning: running}
 	}
-	return s
+	return s, nil
 }
 
 // micros passes a duration to SQL as whole microseconds, PostgreSQL's

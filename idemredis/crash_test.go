@@ -210,7 +210,7 @@ func runCrashes(t *testing.T, rng *rand.Rand, args []string) crashResult {
 	for i := range engines {
 		c := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 32, DialTimeout: time.Second})
 		t.Cleanup(func() { _ = c.Close() })
-		s, err := New(ctx, c, &Config{CompleteTimeout: *crashCompleteTimeout})
+		s, err := NewStore(c, &Config{CompleteTimeout: *crashCompleteTimeout})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -420,7 +420,7 @@ func TestCompletionOutlastsOutage(t *testing.T) {
 			client.AddHook(failed)
 			// A bound far beyond a restart's length: it only ends a test
 			// that fails.
-			s, err := New(ctx, client, &Config{CompleteTimeout: time.Minute})
+			s, err := NewStore(client, &Config{CompleteTimeout: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}

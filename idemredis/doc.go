@@ -1,7 +1,7 @@
 // Package idemredis is an idem.Store on Redis, through go-redis
 // (github.com/redis/go-redis/v9): a single server, Sentinel or Cluster.
 //
-//	store, err := idemredis.New(ctx, redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"}), nil)
+//	store, err := idemredis.NewStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"}), nil)
 //	engine, err := idem.NewEngine(store, nil)
 //
 // # What it guarantees

@@ -46,13 +46,13 @@ func TestNewChecksPolicy(t *testing.T) {
 	risky := evictionRisk{policy: cfg["maxmemory-policy"], maxmemory: cfg["maxmemory"]}.canEvict()
 
 	var logs logBuffer
-	if _, err := New(ctx, client, &Config{Logger: logs.logger()}); err != nil {
+	if _, err := NewStore(client, &Config{Logger: logs.logger()}); err != nil {
 		t.Fatal(err)
 	}
 	if warned := strings.Contains(logs.String(), "may evict"); warned != risky {
 		t.Fatalf("policy %v: warned=%v, logs %q", cfg, warned, logs.String())
 	}
-	_, err = New(ctx, client, &Config{RequireNoEviction: true})
+	_, err = NewStore(client, &Config{RequireNoEviction: true})
 	if (err != nil) != risky {
 		t.Fatalf("policy %v with RequireNoEviction: %v", cfg, err)
 	}
@@ -80,14 +80,14 @@ func TestNewWhereConfigIsRefused(t *testing.T) {
 	}
 
 	var logs logBuffer
-	s, err := New(ctx, limited, &Config{Prefix: testenv.Name(), Logger: logs.logger()})
+	s, err := NewStore(limited, &Config{Prefix: testenv.Name(), Logger: logs.logger()})
 	if err != nil {
 		t.Fatalf("New where CONFIG is refused: %v", err)
 	}
 	if !strings.Contains(logs.String(), "cannot verify") {
 		t.Fatalf("no warning logged: %q", logs.String())
 	}
-	if _, err := New(ctx, limited, &Config{RequireNoEviction: true}); err == nil {
+	if _, err := NewStore(limited, &Config{RequireNoEviction: true}); err == nil {
 		t.Fatal("New with RequireNoEviction where CONFIG is refused succeeded")
 	}
 	// The store works for the limited user.
@@ -98,14 +98,13 @@ func TestNewWhereConfigIsRefused(t *testing.T) {
 
 // TestNewRefusesBadConfig covers the configuration errors.
 func TestNewRefusesBadConfig(t *testing.T) {
-	ctx := context.Background()
-	if _, err := New(ctx, nil, nil); err == nil {
+	if _, err := NewStore(nil, nil); err == nil {
 		t.Error("New(nil client) succeeded")
 	}
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
 	defer client.Close()
 	for _, prefix := range []string{"a{b", "a}b"} {
-		if _, err := New(ctx, client, &Config{Prefix: prefix}); err == nil {
+		if _, err := NewStore(client, &Config{Prefix: prefix}); err == nil {
 			t.Errorf("New with prefix %q succeeded", prefix)
 		}
 	}

@@ -30,7 +30,7 @@ func Example() {
 	// One prefix per application. This one is fresh on every run, so that
 	// runs do not replay each other.
 	prefix := fmt.Sprintf("example-%d", time.Now().UnixNano())
-	store, err := idemredis.New(ctx, client, &idemredis.Config{Prefix: prefix})
+	store, err := idemredis.NewStore(client, &idemredis.Config{Prefix: prefix})
 	if err != nil {
 		panic(err)
 	}

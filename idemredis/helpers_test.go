@@ -47,7 +47,7 @@ func newStore(t testing.TB) *Store {
 // prefix's keys when the test ends.
 func newStoreOn(t testing.TB, client *redis.Client, prefix string) *Store {
 	t.Helper()
-	s, err := New(context.Background(), client, &Config{Prefix: prefix})
+	s, err := NewStore(client, &Config{Prefix: prefix})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

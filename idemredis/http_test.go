@@ -1,7 +1,6 @@
 package idemredis
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -39,7 +38,7 @@ func TestHTTPSameKeyAtTheSameInstant(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mw, err := idemhttp.New(idemhttp.Config{Engine: engine, SharedKeySpace: true})
+		mw, err := idemhttp.NewMiddleware(engine, &idemhttp.Config{SharedKeySpace: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +108,7 @@ func TestHTTPSameKeyAtTheSameInstant(t *testing.T) {
 // TestHTTPUnreachableFailsClosed: with Redis unreachable, a request with a
 // key is answered 503 and the handler does not run.
 func TestHTTPUnreachableFailsClosed(t *testing.T) {
-	store, err := New(context.Background(), unreachableClient(t), &Config{Logger: (&logBuffer{}).logger()})
+	store, err := NewStore(unreachableClient(t), &Config{Logger: (&logBuffer{}).logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +116,7 @@ func TestHTTPUnreachableFailsClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := idemhttp.New(idemhttp.Config{Engine: engine, SharedKeySpace: true, Logger: (&logBuffer{}).logger()})
+	mw, err := idemhttp.NewMiddleware(engine, &idemhttp.Config{SharedKeySpace: true, Logger: (&logBuffer{}).logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

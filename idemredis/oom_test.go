@@ -69,7 +69,7 @@ func (f *fullServer) store(t *testing.T) *Store {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: f.addr, PoolSize: 64})
 	t.Cleanup(func() { _ = c.Close() })
-	s, err := New(context.Background(), c, &Config{CompleteTimeout: -1})
+	s, err := NewStore(c, &Config{CompleteTimeout: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

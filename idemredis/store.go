@@ -69,23 +69,23 @@ var _ idem.Store = (*Store)(nil)
 // Info implements idem.Store: "redis", without transactions.
 func (s *Store) Info() idem.StoreInfo { return idem.StoreInfo{Name: "redis"} }
 
-// New returns a store over client: a single server, a Sentinel failover
+// NewStore returns a store over client: a single server, a Sentinel failover
 // client or a Cluster client. A nil config means every default.
 //
-// New checks the servers' memory policy with CONFIG GET. A record that
+// NewStore checks the servers' memory policy with CONFIG GET. A record that
 // Redis evicts before its retention ends is forgotten, and its next retry
 // runs the operation again, so only maxmemory-policy noeviction (or no
 // maxmemory limit at all) is safe: every record has a TTL, so the
 // volatile-* policies can evict them just as the allkeys-* ones can. An
 // unsafe policy is logged as a warning. Where CONFIG is refused or
-// renamed (managed services) or the server cannot be reached, New logs
+// renamed (managed services) or the server cannot be reached, NewStore logs
 // that it could not check and still returns the store: the first claim
 // will tell whether the server is there, and fail closed if it is not.
 // The check gives up after 5s. Config.RequireNoEviction turns both
 // warnings into errors.
-func New(ctx context.Context, client redis.UniversalClient, config *Config) (*Store, error) {
+func NewStore(client redis.UniversalClient, config *Config) (*Store, error) {
 	if client == nil {
-		return nil, errors.New("idemredis: New needs a client")
+		return nil, errors.New("idemredis: NewStore needs a client")
 	}
 	cfg := Config{}
 	if config != nil {
@@ -103,7 +103,7 @@ func New(ctx context.Context, client redis.UniversalClient, config *Config) (*St
 	if cfg.CompleteTimeout == 0 {
 		cfg.CompleteTimeout = DefaultCompleteTimeout
 	}
-	if err := reportEviction(ctx, client, &cfg, cfg.Logger); err != nil {
+	if err := reportEviction(context.Background(), client, &cfg, cfg.Logger); err != nil {
 		return nil, err
 	}
 	return &Store{client: client, prefix: cfg.Prefix, completeTimeout: cfg.CompleteTimeout}, nil

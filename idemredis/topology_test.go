@@ -312,7 +312,7 @@ func TestClusterDuplicatesAtOnce(t *testing.T) {
 // is deleted afterwards.
 func newUniversalStore(t testing.TB, client redis.UniversalClient, prefix string) *Store {
 	t.Helper()
-	s, err := New(context.Background(), client, &Config{Prefix: prefix})
+	s, err := NewStore(client, &Config{Prefix: prefix})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -36,14 +36,14 @@ func TestUnreachable(t *testing.T) {
 	ctx := context.Background()
 	client := unreachableClient(t)
 	var logs logBuffer
-	s, err := New(ctx, client, &Config{Logger: logs.logger()})
+	s, err := NewStore(client, &Config{Logger: logs.logger()})
 	if err != nil {
 		t.Fatalf("New with an unreachable server: %v", err)
 	}
 	if !strings.Contains(logs.String(), "cannot verify") {
 		t.Fatalf("New logged %q, want a warning that it could not check the policy", logs.String())
 	}
-	if _, err := New(ctx, client, &Config{RequireNoEviction: true}); err == nil {
+	if _, err := NewStore(client, &Config{RequireNoEviction: true}); err == nil {
 		t.Fatal("New with RequireNoEviction and an unreachable server succeeded")
 	}
 

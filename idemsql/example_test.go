@@ -37,7 +37,11 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	engine, err := idem.NewEngine(idemsql.New(db, idemsql.SQLite), nil)
+	store, err := idemsql.NewStore(db, idemsql.SQLite)
+	if err != nil {
+		log.Fatal(err)
+	}
+	engine, err := idem.NewEngine(store, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -88,7 +92,10 @@ func ExampleStore_CompleteTx() {
 	if err := idemmigrate.Migrate(ctx, db, idemmigrate.SQLite); err != nil {
 		log.Fatal(err)
 	}
-	store := idemsql.New(db, idemsql.SQLite)
+	store, err := idemsql.NewStore(db, idemsql.SQLite)
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	const token = 42 // use a fresh random token per execution
 	claim, err := store.Claim(ctx, idem.ClaimParams{

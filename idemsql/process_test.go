@@ -49,7 +49,7 @@ func TestHelperProcess(t *testing.T) {
 		fmt.Println("error:", err)
 		os.Exit(2)
 	}
-	env := &testDB{dialect: dialect, db: db, store: idemsql.New(db, dialect)}
+	env := &testDB{dialect: dialect, db: db, store: must(idemsql.NewStore(db, dialect))}
 	tenant := os.Getenv(helperTenant)
 	switch role {
 	case "crash":

@@ -59,20 +59,21 @@ func (s *Store) Info() idem.StoreInfo {
 	return idem.StoreInfo{Name: name, Transactional: true}
 }
 
-// New returns a Store on db, which speaks dialect. It panics on the zero
-// Dialect, a programming error.
-func New(db *sql.DB, dialect Dialect) *Store {
+// NewStore returns a Store on db, which speaks dialect (idemsql.SQLite,
+// idemsql.Postgres or idemmysql.Dialect). The tables must exist: run
+// idemmigrate first.
+func NewStore(db *sql.DB, dialect Dialect) (*Store, error) {
 	if dialect.d == nil {
-		panic("idemsql: New needs idemsql.SQLite, idemsql.Postgres or idemmysql.Dialect")
+		return nil, errors.New("idemsql: NewStore needs a dialect: idemsql.SQLite, idemsql.Postgres or idemmysql.Dialect")
 	}
 	if db == nil {
-		panic("idemsql: New needs a *sql.DB")
+		return nil, errors.New("idemsql: NewStore needs a *sql.DB")
 	}
 	s := &Store{db: db, d: dialect.d}
 	if s.d.kind == kindSQLite {
 		s.writes = newGate()
 	}
-	return s
+	return s, nil
 }
 
 // DB returns the database the store works on.

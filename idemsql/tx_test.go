@@ -66,7 +66,7 @@ func TestTransactionBeginsAtFirstStatement(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, env *testDB) {
 		ctx := context.Background()
 		db, log := openLogged(t, env)
-		engine := newEngine(t, idemsql.New(db, env.dialect), nil)
+		engine := newEngine(t, must(idemsql.NewStore(db, env.dialect)), nil)
 		tenant := newName("tenant")
 		do := func(key string, fn func(ctx context.Context) (idem.Result, error)) {
 			t.Helper()

@@ -124,8 +124,12 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 				return nil, err
 			}
 		}
+		store, err := idempg.NewStore(pool, nil)
+		if err != nil {
+			return nil, err
+		}
 		return &database{
-			store: idempg.New(pool),
+			store: store,
 			insert: func(ctx context.Context, o Order) error {
 				_, err := idempg.TxFromContext(ctx).Exec(ctx, `INSERT INTO orders (order_id, customer, total_cents) VALUES ($1, $2, $3)`,
 					o.OrderID, o.Customer, o.TotalCents)
@@ -155,8 +159,12 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 			return nil, err
 		}
 	}
+	store, err := idemsql.NewStore(db, idemsql.SQLite)
+	if err != nil {
+		return nil, err
+	}
 	return &database{
-		store: idemsql.New(db, idemsql.SQLite),
+		store: store,
 		insert: func(ctx context.Context, o Order) error {
 			_, err := idemsql.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO orders (order_id, customer, total_cents) VALUES (?, ?, ?)`,
 				o.OrderID, o.Customer, o.TotalCents)
@@ -195,7 +203,7 @@ func consume(ctx context.Context, o options) error {
 	}
 	defer d.close()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	inbox, err := ideminbox.New(ideminbox.Config{
+	inbox, err := ideminbox.NewInbox(&ideminbox.Config{
 		Store:       d.store,
 		Consumer:    consumer,
 		MaxAttempts: 3,
@@ -213,7 +221,11 @@ func consume(ctx context.Context, o options) error {
 	defer inbox.Close(context.WithoutCancel(ctx))
 	// Consumer keys are purged after their retention (7 days by default),
 	// like HTTP keys.
-	go func() { _ = idem.NewJanitor(d.store, &idem.JanitorConfig{Logger: logger}).Run(ctx) }()
+	janitor, err := idem.NewJanitor(d.store, &idem.JanitorConfig{Logger: logger})
+	if err != nil {
+		return err
+	}
+	go func() { _ = janitor.Run(ctx) }()
 
 	var commits atomic.Int64
 	observe := func(id string, dec ideminbox.Decision, err error) {
@@ -245,7 +257,7 @@ func consume(ctx context.Context, o options) error {
 		if err != nil {
 			return err
 		}
-		c, err := idemjetstream.New(inbox, func(ctx context.Context, msg jetstream.Msg) error {
+		c, err := idemjetstream.NewConsumer(inbox, func(ctx context.Context, msg jetstream.Msg) error {
 			return d.project(ctx, msg.Data())
 		}, &idemjetstream.Config{ObserveFunc: func(msg jetstream.Msg, dec ideminbox.Decision, err error) {
 			id, _ := idemjetstream.DefaultKey(msg)
@@ -269,7 +281,7 @@ func consume(ctx context.Context, o options) error {
 		if err := ch.Qos(8, 0, false); err != nil {
 			return err
 		}
-		c, err := idemamqp.New(inbox, func(ctx context.Context, dl amqp.Delivery) error {
+		c, err := idemamqp.NewConsumer(inbox, func(ctx context.Context, dl amqp.Delivery) error {
 			return d.project(ctx, dl.Body)
 		}, &idemamqp.Config{ObserveFunc: func(dl amqp.Delivery, dec ideminbox.Decision, err error) {
 			observe(dl.MessageId, dec, err)

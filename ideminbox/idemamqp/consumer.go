@@ -61,9 +61,9 @@ type Consumer struct {
 	observe func(amqp.Delivery, ideminbox.Decision, error)
 }
 
-// New returns a consumer running handler through inbox. A nil config means
+// NewConsumer returns a consumer running handler through inbox. A nil config means
 // the defaults.
-func New(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*Consumer, error) {
+func NewConsumer(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*Consumer, error) {
 	if inbox == nil || handler == nil {
 		return nil, errors.New("idemamqp: New needs an inbox and a handler")
 	}

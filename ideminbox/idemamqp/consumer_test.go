@@ -128,7 +128,7 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 	if mod != nil {
 		mod(&ic)
 	}
-	inbox, err := ideminbox.New(ic)
+	inbox, err := ideminbox.NewInbox(&ic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 			hook(in, d, dec)
 		}
 	}
-	c, err := New(inbox, counted, &observed)
+	c, err := NewConsumer(inbox, counted, &observed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,11 +465,11 @@ func TestPoison(t *testing.T) {
 func TestMissingMessageID(t *testing.T) {
 	inboxtest.ForEach(t, func(t *testing.T, b *inboxtest.Backend) {
 		be := newBench(t, b, "quorum")
-		inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+		inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := New(inbox, effect(b), nil)
+		c, err := NewConsumer(inbox, effect(b), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -482,7 +482,7 @@ func TestMissingMessageID(t *testing.T) {
 			t.Fatalf("a delivery without id ran: %v", rows)
 		}
 
-		keyed, err := New(inbox, func(ctx context.Context, d amqp.Delivery) error {
+		keyed, err := NewConsumer(inbox, func(ctx context.Context, d amqp.Delivery) error {
 			return b.Insert(ctx, inboxtest.Effects, d.Headers["Order-Id"].(string), string(d.Body))
 		}, &Config{KeyFunc: func(d amqp.Delivery) (string, error) {
 			if v, ok := d.Headers["Order-Id"].(string); ok {

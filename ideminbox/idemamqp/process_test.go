@@ -81,11 +81,11 @@ func TestCrashingConsumerProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(inbox, effect(b), &Config{ObserveFunc: func(d amqp.Delivery, dec ideminbox.Decision, err error) {
+	c, err := NewConsumer(inbox, effect(b), &Config{ObserveFunc: func(d amqp.Delivery, dec ideminbox.Decision, err error) {
 		if dec.Action == ideminbox.Ack {
 			fmt.Printf("crashed after committing %s\n", d.MessageId)
 			os.Exit(3)
@@ -128,7 +128,7 @@ func TestCrashLoopEndsAsPoison(t *testing.T) {
 			break
 		}
 		be.settle("nothing left", func() bool { return true })
-		inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+		inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -167,13 +167,13 @@ func TestCrashLoopConsumerProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inbox, err := ideminbox.New(ideminbox.Config{Engine: engine, Consumer: "projector", Logger: quiet,
+	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Engine: engine, Consumer: "projector", Logger: quiet,
 		MaxAttempts: crashLoopMaxAttempts, InFlightDelay: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	poisoned := make(chan string, 1)
-	c, err := New(inbox, func(ctx context.Context, d amqp.Delivery) error {
+	c, err := NewConsumer(inbox, func(ctx context.Context, d amqp.Delivery) error {
 		os.Exit(3)
 		return nil
 	}, &Config{ObserveFunc: func(d amqp.Delivery, dec ideminbox.Decision, err error) {

@@ -27,14 +27,14 @@ func TestConsumeQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet,
+	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet,
 		RetryDelayFunc: func(int) time.Duration { return 10 * time.Millisecond }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	acked := make(chan string, 10)
 	failed := false
-	c, err := New(inbox, func(ctx context.Context, d amqp.Delivery) error {
+	c, err := NewConsumer(inbox, func(ctx context.Context, d amqp.Delivery) error {
 		if d.MessageId == "order-0" && !failed {
 			failed = true
 			return errors.New("first run fails")

@@ -24,12 +24,12 @@ func TestAckPolicyMustBeExplicit(t *testing.T) {
 		t.Run(policy.String(), func(t *testing.T) {
 			b := inboxtest.Mem(t)
 			be := newBench(t, b, jetstream.ConsumerConfig{AckPolicy: policy})
-			inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+			inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}
 			runs := 0
-			c, err := New(inbox, func(context.Context, jetstream.Msg) error { runs++; return errors.New("fails") }, nil)
+			c, err := NewConsumer(inbox, func(context.Context, jetstream.Msg) error { runs++; return errors.New("fails") }, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -62,11 +62,11 @@ func TestAckPolicyMustBeExplicit(t *testing.T) {
 func TestHandleAfterCheck(t *testing.T) {
 	b := inboxtest.Mem(t)
 	be := newBench(t, b, jetstream.ConsumerConfig{})
-	inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(inbox, effect(b), nil)
+	c, err := NewConsumer(inbox, effect(b), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

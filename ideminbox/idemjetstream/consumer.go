@@ -68,9 +68,9 @@ type Consumer struct {
 
 type consumerName struct{ stream, consumer string }
 
-// New returns a consumer running handler through inbox. A nil config means
+// NewConsumer returns a consumer running handler through inbox. A nil config means
 // the defaults.
-func New(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*Consumer, error) {
+func NewConsumer(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*Consumer, error) {
 	if inbox == nil || handler == nil {
 		return nil, errors.New("idemjetstream: New needs an inbox and a handler")
 	}

@@ -122,7 +122,7 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 	if mod != nil {
 		mod(&ic)
 	}
-	inbox, err := ideminbox.New(ic)
+	inbox, err := ideminbox.NewInbox(&ic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 			hook(in, msg, d)
 		}
 	}
-	c, err := New(inbox, counted, &observed)
+	c, err := NewConsumer(inbox, counted, &observed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -486,11 +486,11 @@ func TestDefaultKey(t *testing.T) {
 func TestConsumeRefusesLowMaxDeliver(t *testing.T) {
 	b := inboxtest.Mem(t)
 	be := newBench(t, b, jetstream.ConsumerConfig{MaxDeliver: 3})
-	inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", MaxAttempts: 3})
+	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", MaxAttempts: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(inbox, effect(b), nil)
+	c, err := NewConsumer(inbox, effect(b), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -516,11 +516,11 @@ func TestConsumeReturnsWhenClosed(t *testing.T) {
 		for _, end := range []string{"consumer deleted", "connection closed"} {
 			t.Run(end, func(t *testing.T) {
 				be := newBench(t, b, jetstream.ConsumerConfig{})
-				inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+				inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
 				if err != nil {
 					t.Fatal(err)
 				}
-				c, err := New(inbox, effect(b), nil)
+				c, err := NewConsumer(inbox, effect(b), nil)
 				if err != nil {
 					t.Fatal(err)
 				}

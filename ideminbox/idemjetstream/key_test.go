@@ -36,14 +36,14 @@ func TestDefaultKeyAcrossStreamIncarnations(t *testing.T) {
 				srv = inboxtest.StartNATS(t)
 				url = srv.URL()
 			}
-			inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+			inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var mu sync.Mutex
 			var decisions []string
 			answered := make(chan struct{}, 100)
-			c, err := New(inbox, effect(b), &Config{ObserveFunc: func(msg jetstream.Msg, d ideminbox.Decision, _ error) {
+			c, err := NewConsumer(inbox, effect(b), &Config{ObserveFunc: func(msg jetstream.Msg, d ideminbox.Decision, _ error) {
 				mu.Lock()
 				decisions = append(decisions, fmt.Sprintf("%s %s", d.Action, msg.Data()))
 				mu.Unlock()

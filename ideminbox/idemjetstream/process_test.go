@@ -78,11 +78,11 @@ func TestCrashingConsumerProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(inbox, effect(b), &Config{ObserveFunc: func(msg jetstream.Msg, d ideminbox.Decision, err error) {
+	c, err := NewConsumer(inbox, effect(b), &Config{ObserveFunc: func(msg jetstream.Msg, d ideminbox.Decision, err error) {
 		if d.Action == ideminbox.Ack {
 			k, _ := DefaultKey(msg)
 			fmt.Printf("crashed after committing %s\n", k)
@@ -127,7 +127,7 @@ func TestCrashLoopEndsAsPoison(t *testing.T) {
 			break
 		}
 		be.drained()
-		inbox, err := ideminbox.New(ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+		inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -168,13 +168,13 @@ func TestCrashLoopConsumerProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inbox, err := ideminbox.New(ideminbox.Config{Engine: engine, Consumer: "projector", Logger: quiet,
+	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Engine: engine, Consumer: "projector", Logger: quiet,
 		MaxAttempts: crashLoopMaxAttempts, InFlightDelay: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	poisoned := make(chan string, 1)
-	c, err := New(inbox, func(ctx context.Context, msg jetstream.Msg) error {
+	c, err := NewConsumer(inbox, func(ctx context.Context, msg jetstream.Msg) error {
 		os.Exit(3)
 		return nil
 	}, &Config{ObserveFunc: func(msg jetstream.Msg, d ideminbox.Decision, err error) {

@@ -3,7 +3,7 @@
 //
 //	db, err := sql.Open("mysql", dsn)
 //	…
-//	store := idemsql.New(db, idemmysql.Dialect)
+//	store, err := idemsql.NewStore(db, idemmysql.Dialect)
 //
 // It is a package of its own so that programs on SQLite or PostgreSQL do
 // not link the MySQL driver. The DSN needs nothing special: parseTime,

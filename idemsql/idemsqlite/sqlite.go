@@ -4,7 +4,7 @@
 //
 //	db, err := idemsqlite.Open("app.db")
 //	…
-//	store := idemsql.New(db, idemsql.SQLite)
+//	store, err := idemsql.NewStore(db, idemsql.SQLite)
 //
 // It is a package of its own so that programs on MySQL or PostgreSQL do
 // not link the SQLite driver.

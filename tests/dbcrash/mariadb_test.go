@@ -171,7 +171,7 @@ func (m *mariadb) target(db *sql.DB) *target {
 		claimsDurable: m.flush == "1",
 	}
 	if db != nil {
-		tg.store = idemsql.New(db, idemmysql.Dialect)
+		tg.store = must(idemsql.NewStore(db, idemmysql.Dialect))
 	}
 	return tg
 }

@@ -136,7 +136,7 @@ func (pg *postgres) target(pool *pgxpool.Pool) *target {
 		read: pg.read,
 	}
 	if pool != nil {
-		tg.store = idempg.New(pool)
+		tg.store = must(idempg.NewStore(pool, nil))
 	}
 	return tg
 }
@@ -228,7 +228,7 @@ func TestPostgresClaimFlushedByBusinessCommit(t *testing.T) {
 	pg := startPostgres(t, "autovacuum=off")
 	pool := pg.pool(t, 4)
 	ctx := context.Background()
-	store := idempg.NewWithConfig(pool, &idempg.Config{ClaimBatchSize: 1})
+	store := must(idempg.NewStore(pool, &idempg.Config{ClaimBatchSize: 1}))
 	engine, err := idem.NewEngine(store, &idem.Config{Lease: time.Minute, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

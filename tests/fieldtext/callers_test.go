@@ -31,7 +31,7 @@ func sqliteStore(t *testing.T) *idemsql.Store {
 	if err := idemmigrate.Migrate(context.Background(), db, idemmigrate.SQLite); err != nil {
 		t.Fatal(err)
 	}
-	return idemsql.New(db, idemsql.SQLite)
+	return must(idemsql.NewStore(db, idemsql.SQLite))
 }
 
 func TestHeaderRefusesC1AndDEL(t *testing.T) {
@@ -59,7 +59,7 @@ func TestMiddlewareSpacesC1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := idemhttp.New(idemhttp.Config{Engine: engine, SharedKeySpace: true})
+	mw, err := idemhttp.NewMiddleware(engine, &idemhttp.Config{SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestMiddlewareSpacesC1(t *testing.T) {
 // so that the record can be written and read back.
 func TestInboxEscapesC1(t *testing.T) {
 	store := sqliteStore(t)
-	in, err := ideminbox.New(ideminbox.Config{Store: store, Consumer: "c", MaxAttempts: 1})
+	in, err := ideminbox.NewInbox(&ideminbox.Config{Store: store, Consumer: "c", MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -100,11 +100,11 @@ func lose(w http.ResponseWriter) bool {
 // response is lost after the commit.
 func lostFirstResponse(t *testing.T, h http.Handler) (*httptest.Server, *attempts) {
 	t.Helper()
-	eng, err := idem.NewEngine(idemmem.New(nil), nil)
+	eng, err := idem.NewEngine(idemmem.NewStore(nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
+	m, err := idemhttp.NewMiddleware(eng, &idemhttp.Config{SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func newPGEnv(t *testing.T) *pgEnv {
 	if _, err := pool.Exec(t.Context(), `CREATE TABLE orders (id bigserial PRIMARY KEY, item text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	return &pgEnv{pool: pool, store: idempg.New(pool)}
+	return &pgEnv{pool: pool, store: must(idempg.NewStore(pool, nil))}
 }
 
 func (e *pgEnv) handler(t *testing.T, ec idem.Config, next http.Handler) http.Handler {
@@ -52,7 +52,7 @@ func (e *pgEnv) handler(t *testing.T, ec idem.Config, next http.Handler) http.Ha
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := idemhttp.New(idemhttp.Config{Engine: engine, TenantFunc: tenantOf, Logger: quietLogger})
+	m, err := idemhttp.NewMiddleware(engine, &idemhttp.Config{TenantFunc: tenantOf, Logger: quietLogger})
 	if err != nil {
 		t.Fatal(err)
 	}

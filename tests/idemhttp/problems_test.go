@@ -81,8 +81,8 @@ func TestProblemTextsFollowTheStore(t *testing.T) {
 					t.Fatal(err)
 				}
 				cfg := f.config
-				cfg.Engine, cfg.TenantFunc, cfg.Logger = engine, tenantOf, quietLogger
-				m, err := idemhttp.New(cfg)
+				cfg.TenantFunc, cfg.Logger = tenantOf, quietLogger
+				m, err := idemhttp.NewMiddleware(engine, &cfg)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -40,7 +40,7 @@ func newSQLiteEnv(t *testing.T) *sqliteEnv {
 	if _, err := db.ExecContext(t.Context(), `CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, item TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	store := idemsql.New(db, idemsql.SQLite)
+	store := must(idemsql.NewStore(db, idemsql.SQLite))
 	engine, err := idem.NewEngine(store, &idem.Config{Logger: quietLogger})
 	if err != nil {
 		t.Fatal(err)
@@ -50,12 +50,11 @@ func newSQLiteEnv(t *testing.T) *sqliteEnv {
 
 func (e *sqliteEnv) handler(t *testing.T, cfg idemhttp.Config, next http.Handler) http.Handler {
 	t.Helper()
-	cfg.Engine = e.engine
 	cfg.Logger = quietLogger
 	if cfg.TenantFunc == nil && !cfg.SharedKeySpace {
 		cfg.TenantFunc = tenantOf
 	}
-	m, err := idemhttp.New(cfg)
+	m, err := idemhttp.NewMiddleware(e.engine, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,7 +72,10 @@ func measureCosts(ctx context.Context, db *database, n int) ([]cost, error) {
 		return nil, err
 	}
 
-	store := idempg.New(pool)
+	store, err := idempg.NewStore(pool, nil)
+	if err != nil {
+		return nil, err
+	}
 	// No heartbeat: its timer is Go CPU that a serial loop of short
 	// operations would never let fire, and it would blur the store's
 	// share.

@@ -306,11 +306,15 @@ func newMux(db, variant *database, config, variantConfig *idempg.Config) (*http.
 // idemRoute is createOrder behind idemhttp on idempg, with every default
 // but the store's config, as a new user would write it.
 func idemRoute(pool *pgxpool.Pool, config *idempg.Config) (http.Handler, error) {
-	engine, err := idem.NewEngine(idempg.NewWithConfig(pool, config), nil)
+	store, err := idempg.NewStore(pool, config)
 	if err != nil {
 		return nil, err
 	}
-	mw, err := idemhttp.New(idemhttp.Config{Engine: engine, SharedKeySpace: true})
+	engine, err := idem.NewEngine(store, nil)
+	if err != nil {
+		return nil, err
+	}
+	mw, err := idemhttp.NewMiddleware(engine, &idemhttp.Config{SharedKeySpace: true})
 	if err != nil {
 		return nil, err
 	}

@@ -143,7 +143,7 @@ func newSQLite(t *testing.T) *database {
 			}
 			t.Cleanup(func() { db.Close() })
 			return &conn{
-				store: idemsql.New(db, idemsql.SQLite),
+				store: must(idemsql.NewStore(db, idemsql.SQLite)),
 				insertTx: func(ctx context.Context, o order) (int64, error) {
 					var id int64
 					err := idemsql.TxFromContext(ctx).QueryRowContext(ctx,
@@ -214,7 +214,7 @@ func newPostgres(t *testing.T) *database {
 		return &conn{
 			app:   app,
 			pool:  pool,
-			store: idempg.New(pool),
+			store: must(idempg.NewStore(pool, nil)),
 			insertTx: func(ctx context.Context, o order) (int64, error) {
 				var id int64
 				err := idempg.TxFromContext(ctx).QueryRow(ctx,
@@ -316,13 +316,12 @@ func newStack(t *testing.T, db *database, cfg stackConfig) *stack {
 		t.Fatal(err)
 	}
 	hc := cfg.http
-	hc.Engine = engine
 	hc.Logger = quiet
 	hc.TenantFunc = tenantOf
 	if mutant("no-body-limit") {
 		hc.MaxRequestBody = 1 << 30
 	}
-	m, err := idemhttp.New(hc)
+	m, err := idemhttp.NewMiddleware(engine, &hc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -135,11 +135,11 @@ func (g *cutGate) start() bool {
 // once it completes, its replay. One order for the key: check 6 passes.
 func TestDisconnectWhileTheHandlerWorks(t *testing.T) {
 	o := &orders{}
-	eng, err := idem.NewEngine(idemmem.New(nil), nil)
+	eng, err := idem.NewEngine(idemmem.NewStore(nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
+	m, err := idemhttp.NewMiddleware(eng, &idemhttp.Config{SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,11 +304,11 @@ func TestAnsweredBeforeTheCut(t *testing.T) {
 // for InFlightWait, then fails.
 func TestStillInFlightFails(t *testing.T) {
 	o := &orders{}
-	eng, err := idem.NewEngine(idemmem.New(nil), nil)
+	eng, err := idem.NewEngine(idemmem.NewStore(nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
+	m, err := idemhttp.NewMiddleware(eng, &idemhttp.Config{SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,8 +16,8 @@ import (
 func ExampleCheck() {
 	// An orders endpoint protected by idemhttp.
 	var o orders
-	eng, _ := idem.NewEngine(idemmem.New(nil), nil)
-	m, _ := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
+	eng, _ := idem.NewEngine(idemmem.NewStore(nil), nil)
+	m, _ := idemhttp.NewMiddleware(eng, &idemhttp.Config{SharedKeySpace: true})
 	srv := httptest.NewServer(o.mux(m.Handler(http.HandlerFunc(o.create))))
 	defer srv.Close()
 

@@ -162,11 +162,11 @@ func naiveServer(t *testing.T) (*httptest.Server, *orders) {
 func protectedServer(t testing.TB) (*httptest.Server, *orders) {
 	t.Helper()
 	o := &orders{}
-	eng, err := idem.NewEngine(idemmem.New(nil), nil)
+	eng, err := idem.NewEngine(idemmem.NewStore(nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := idemhttp.New(idemhttp.Config{Engine: eng, SharedKeySpace: true})
+	m, err := idemhttp.NewMiddleware(eng, &idemhttp.Config{SharedKeySpace: true})
 	if err != nil {
 		t.Fatal(err)
 	}

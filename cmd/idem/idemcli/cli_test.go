@@ -203,7 +203,7 @@ func TestPurgeCommand(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cn.Close()
-			store := cn.keyStore()
+			store := must(cn.keyStore())
 			claim := func(key string, retention time.Duration) {
 				t.Helper()
 				_, err := store.Claim(context.Background(), idem.ClaimParams{

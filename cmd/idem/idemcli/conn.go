@@ -132,11 +132,11 @@ func (c *conn) migrateKeys(ctx context.Context) error {
 }
 
 // keyStore returns the idem.Store on the records table of the database.
-func (c *conn) keyStore() idem.Store {
+func (c *conn) keyStore() (idem.Store, error) {
 	if c.pool != nil {
-		return idempg.New(c.pool)
+		return idempg.NewStore(c.pool, nil)
 	}
-	return idemsql.New(c.db, c.sqlDialect())
+	return idemsql.NewStore(c.db, c.sqlDialect())
 }
 
 // demoConfig returns the demo's configuration with the database handle
@@ -166,7 +166,7 @@ func (c *conn) useRedis(ctx context.Context, rawURL string, cfg *idemredis.Confi
 	if err := c.rdb.Ping(ctx).Err(); err != nil {
 		return nil, fmt.Errorf("cannot reach Redis at %s: %s", opts.Addr, redactURL(err.Error(), rawURL))
 	}
-	return idemredis.New(ctx, c.rdb, cfg)
+	return idemredis.NewStore(c.rdb, cfg)
 }
 
 // quietRedis drops what go-redis logs. go-redis writes its connection

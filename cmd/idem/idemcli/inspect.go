@@ -127,7 +127,9 @@ func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 			return err
 		}
 		defer cn.Close() //nolint:errcheck // nothing was written
-		store = cn.keyStore()
+		if store, err = cn.keyStore(); err != nil {
+			return err
+		}
 	}
 	rec, err := store.Get(ctx, tenant, key)
 	if errors.Is(err, idem.ErrNotFound) {

@@ -59,7 +59,14 @@ func (c *Purge) Run(ctx context.Context, opts *PurgeOpts) error {
 		return err
 	}
 	defer cn.Close() //nolint:errcheck // the deletes are committed
-	j := idem.NewJanitor(cn.keyStore(), &idem.JanitorConfig{BatchSize: opts.Batch, Logger: c.logger()})
+	store, err := cn.keyStore()
+	if err != nil {
+		return err
+	}
+	j, err := idem.NewJanitor(store, &idem.JanitorConfig{BatchSize: opts.Batch, Logger: c.logger()})
+	if err != nil {
+		return err
+	}
 	n, err := j.PurgeOnce(ctx)
 	if err != nil {
 		return fmt.Errorf("purge (%d records deleted before the failure): %w", n, err)

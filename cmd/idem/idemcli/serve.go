@@ -209,7 +209,11 @@ func buildServer(ctx, hardStop context.Context, c *conn, opts *serveOpts, logger
 		if err := c.migrateKeys(ctx); err != nil {
 			return nil, fmt.Errorf("migrate the idempotency records table: %w", err)
 		}
-		store = c.keyStore()
+		ks, err := c.keyStore()
+		if err != nil {
+			return nil, err
+		}
+		store = ks
 	}
 	engine, err := idem.NewEngine(store, &idem.Config{
 		Lease:     opts.lease,
@@ -299,7 +303,10 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 	defer stopJanitor()
 	// Redis expires its records by TTL: no janitor there.
 	if opts.purgeInterval > 0 && opts.keys == "" {
-		j := idem.NewJanitor(s.store, &idem.JanitorConfig{Interval: opts.purgeInterval, Logger: logger})
+		j, err := idem.NewJanitor(s.store, &idem.JanitorConfig{Interval: opts.purgeInterval, Logger: logger})
+		if err != nil {
+			return err
+		}
 		go func() {
 			defer close(janitorDone)
 			j.Run(jctx) //nolint:errcheck // Run returns nil when its context ends

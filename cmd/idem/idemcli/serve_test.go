@@ -90,7 +90,7 @@ func TestStalledConnectionsAreClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cn.Close()
-	if rec, err := cn.keyStore().Get(context.Background(), defaultTenant, "stalled"); !errors.Is(err, idem.ErrNotFound) {
+	if rec, err := must(cn.keyStore()).Get(context.Background(), defaultTenant, "stalled"); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("record of the stalled request: %+v, %v; want none", rec, err)
 	}
 }

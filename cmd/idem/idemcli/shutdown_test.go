@@ -46,7 +46,7 @@ func TestForcedStopReleasesKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cn.Close()
-	store := cn.keyStore()
+	store := must(cn.keyStore())
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
 		if rec, err := store.Get(context.Background(), defaultTenant, "held-at-stop"); err == nil && rec.State == idem.StateInFlight {
 			break

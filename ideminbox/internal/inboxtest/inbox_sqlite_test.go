@@ -26,7 +26,7 @@ func newInbox(t *testing.T, store idem.Store, mod func(*ideminbox.Config)) *idem
 	if mod != nil {
 		mod(&c)
 	}
-	in, err := ideminbox.New(c)
+	in, err := ideminbox.NewInbox(&c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestPoisonMultilineError(t *testing.T) {
 	if err := idemmigrate.Migrate(context.Background(), db, idemmigrate.SQLite); err != nil {
 		t.Fatal(err)
 	}
-	in := newInbox(t, idemsql.New(db, idemsql.SQLite), func(c *ideminbox.Config) { c.MaxAttempts = 1 })
+	in := newInbox(t, must(idemsql.NewStore(db, idemsql.SQLite)), func(c *ideminbox.Config) { c.MaxAttempts = 1 })
 	cause := errors.Join(errors.New("step 1 failed"), errors.New("step 2\x00 failed"))
 	msg := ideminbox.Message{ID: "m1", Attempt: 1, Subject: "order\ncreated"}
 	if d, err := in.Process(context.Background(), msg, func(context.Context) error { return cause }); d.Action != ideminbox.AckPoison || err != cause {

@@ -40,8 +40,7 @@ func TestHTTPTenantNamedLikeConsumer(t *testing.T) {
 			t.Fatal(err)
 		}
 		const consumer = "order-projector"
-		mw, err := idemhttp.New(idemhttp.Config{
-			Engine:     engine,
+		mw, err := idemhttp.NewMiddleware(engine, &idemhttp.Config{
 			TenantFunc: func(*http.Request) (string, error) { return consumer, nil },
 		})
 		if err != nil {
@@ -64,7 +63,7 @@ func TestHTTPTenantNamedLikeConsumer(t *testing.T) {
 			t.Fatalf("POST: %d %s", rec.Code, rec.Body)
 		}
 
-		in, err := ideminbox.New(ideminbox.Config{Engine: engine, Consumer: consumer})
+		in, err := ideminbox.NewInbox(&ideminbox.Config{Engine: engine, Consumer: consumer})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,7 +98,7 @@ func TestTenantStoredAsWritten(t *testing.T) {
 		name string
 		open func(t *testing.T) idem.Store
 	}{
-		{"memory", func(t *testing.T) idem.Store { return idemmem.New(nil) }},
+		{"memory", func(t *testing.T) idem.Store { return idemmem.NewStore(nil) }},
 		{"sqlite", func(t *testing.T) idem.Store {
 			db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
 			if err != nil {
@@ -123,7 +122,7 @@ func TestTenantStoredAsWritten(t *testing.T) {
 			if err := idempg.Migrate(context.Background(), pool); err != nil {
 				testenv.Unavailable(t, "PostgreSQL", err)
 			}
-			return idempg.New(pool)
+			return must(idempg.NewStore(pool, nil))
 		}},
 		{"redis", func(t *testing.T) idem.Store {
 			opts, err := redis.ParseURL(testenv.RedisURL(t))
@@ -132,7 +131,7 @@ func TestTenantStoredAsWritten(t *testing.T) {
 			}
 			client := redis.NewClient(opts)
 			t.Cleanup(func() { client.Close() })
-			store, err := idemredis.New(context.Background(), client, &idemredis.Config{Prefix: testenv.Name()})
+			store, err := idemredis.NewStore(client, &idemredis.Config{Prefix: testenv.Name()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -187,5 +186,5 @@ func migrated(t *testing.T, db *sql.DB, m idemmigrate.Dialect, d idemsql.Dialect
 	if err := idemmigrate.Migrate(context.Background(), db, m); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	return idemsql.New(db, d)
+	return must(idemsql.NewStore(db, d))
 }

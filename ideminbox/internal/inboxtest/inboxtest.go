@@ -67,7 +67,7 @@ const (
 
 // Mem returns a backend over one idemmem store (no transactions).
 func Mem(t testing.TB) *Backend {
-	store := idemmem.New(nil)
+	store := idemmem.NewStore(nil)
 	var mu sync.Mutex
 	rows := map[string][]string{}
 	return &Backend{

@@ -56,7 +56,7 @@ func Redis(t testing.TB) *Backend {
 		NewStore: func(t testing.TB) idem.Store {
 			client := redis.NewClient(opts)
 			t.Cleanup(func() { client.Close() })
-			store, err := idemredis.New(context.Background(), client, &idemredis.Config{Prefix: prefix})
+			store, err := idemredis.NewStore(client, &idemredis.Config{Prefix: prefix})
 			if err != nil {
 				t.Fatalf("idemredis: %v", err)
 			}
@@ -82,7 +82,7 @@ func RedisOutage(t testing.TB) *Outage {
 			// inbox sees, and the outage is counted in them.
 			client := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialerRetries: 1})
 			t.Cleanup(func() { client.Close() })
-			store, err := idemredis.New(context.Background(), client, &idemredis.Config{Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
+			store, err := idemredis.NewStore(client, &idemredis.Config{Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatalf("idemredis: %v", err)
 			}
@@ -118,7 +118,7 @@ func PostgresOutage(t testing.TB) *Outage {
 			t.Fatalf("pgxpool: %v", err)
 		}
 		t.Cleanup(pool.Close)
-		return &countingStore{Store: idempg.New(pool), failed: &o.FailedClaims}
+		return &countingStore{Store: must(idempg.NewStore(pool, nil)), failed: &o.FailedClaims}
 	}
 	return o
 }

@@ -41,7 +41,7 @@ func postgresAt(t testing.TB, url string, create bool) *Backend {
 		Name:          "postgres",
 		dsn:           url,
 		Transactional: true,
-		NewStore:      func(t testing.TB) idem.Store { return idempg.New(open(t)) },
+		NewStore:      func(t testing.TB) idem.Store { return must(idempg.NewStore(open(t), nil)) },
 		Insert: func(ctx context.Context, table, id, note string) error {
 			_, err := idempg.TxFromContext(ctx).Exec(ctx, `INSERT INTO `+table+` (id, note) VALUES ($1, $2)`, id, note)
 			return err

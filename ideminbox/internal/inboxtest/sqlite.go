@@ -44,7 +44,7 @@ func sqliteAt(t testing.TB, path string, create bool) *Backend {
 		Name:          "sqlite",
 		dsn:           path,
 		Transactional: true,
-		NewStore:      func(t testing.TB) idem.Store { return idemsql.New(open(t), idemsql.SQLite) },
+		NewStore:      func(t testing.TB) idem.Store { return must(idemsql.NewStore(open(t), idemsql.SQLite)) },
 		Insert: func(ctx context.Context, table, id, note string) error {
 			_, err := idemsql.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO `+table+` (id, note) VALUES (?, ?)`, id, note)
 			return err

@@ -84,8 +84,7 @@ func New(cfg Config) (*App, error) {
 	default:
 		return nil, errors.New("demo: set Config.DB with its Dialect (SQLite or MySQL), or Config.Pool")
 	}
-	mw, err := idemhttp.New(idemhttp.Config{
-		Engine:     cfg.Engine,
+	mw, err := idemhttp.NewMiddleware(cfg.Engine, &idemhttp.Config{
 		RequireKey: cfg.RequireKey,
 		// withTenant, in front, has already refused malformed credentials.
 		TenantFunc:      func(r *http.Request) (string, error) { return TenantFrom(r.Context()), nil },

@@ -247,7 +247,7 @@ func TestOrdersRedisKeys(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	// The server is shared: the records of this test under a prefix of its
 	// own.
-	rs, err := idemredis.New(context.Background(), rdb, &idemredis.Config{Prefix: testenv.Name()})
+	rs, err := idemredis.NewStore(rdb, &idemredis.Config{Prefix: testenv.Name()})
 	if err != nil {
 		t.Fatal(err)
 	}

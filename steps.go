@@ -1,0 +1,222 @@
+package idem
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// A recovery point records that one step of an operation (charge the
+// card, send the e-mail) is done, with its result, so that an execution
+// taking over from one that died gets the recorded result instead of
+// doing the step again. See Step for the handler's side and StepStore for
+// the store's.
+
+// StepStore is implemented by stores that keep recovery points. Every
+// store of this module implements it, and idemstoretest exercises it; a
+// store that does not makes Step fail with ErrStepsUnsupported.
+type StepStore interface {
+	// SaveStep records a step's result under the record of (Tenant, Key),
+	// fenced by the lease token, and makes it durable before it returns,
+	// on its own: never inside the unit of work of the handler, whose
+	// rollback must not forget that the step's effect happened. It returns
+	// ErrLeaseLost when the record is not in flight under Token. A step
+	// name already recorded keeps its first value, without error.
+	//
+	// A record that holds steps is never deleted by Release: Release
+	// ends its lease instead (the record stays in flight, its lease past),
+	// so that the next claim with the same fingerprint takes it over and
+	// gets the steps (ClaimResult.Steps). Purge deletes it after its
+	// retention, as any record.
+	SaveStep(ctx context.Context, p SaveStepParams) error
+}
+
+// SaveStepParams are the arguments of StepStore.SaveStep.
+type SaveStepParams struct {
+	Tenant string
+	Key    string
+	Token  int64
+	// Name names the step, unique within the operation.
+	Name string
+	// Value is the step's encoded result. Stores copy it.
+	Value []byte
+}
+
+// RecordedStep is one recovery point of a record, in the order the steps
+// were saved.
+type RecordedStep struct {
+	Name  string
+	Value []byte
+}
+
+// ErrStepsUnsupported is returned by Step when the engine's store does not
+// implement StepStore.
+var ErrStepsUnsupported = errors.New("idem: the store does not keep recovery points (it does not implement idem.StepStore)")
+
+// ErrStepNotSaved is wrapped by the error Step returns when the step ran
+// but its result could not be recorded (the store failed, or the lease was
+// lost). The step's effect may stand without a record of it: return the
+// error from the handler, and make the step safe to run again with a
+// downstream key (DownstreamKey).
+var ErrStepNotSaved = errors.New("idem: the step ran but its result was not recorded")
+
+// MarshalSteps encodes steps in the canonical form stores keep: for each
+// step, its name and its value, each as a uvarint length and its bytes.
+// The encoding of a list is the concatenation of the encodings of its
+// elements, so a store appends a step with a plain concatenation
+// (SQL ||, CONCAT, Redis APPEND). Empty or nil steps encode as nil.
+func MarshalSteps(steps []RecordedStep) []byte {
+	var out []byte
+	for _, s := range steps {
+		out = AppendStep(out, s.Name, s.Value)
+	}
+	return out
+}
+
+// AppendStep appends the encoding of one step to b and returns it.
+func AppendStep(b []byte, name string, value []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(name)))
+	b = append(b, name...)
+	b = binary.AppendUvarint(b, uint64(len(value)))
+	return append(b, value...)
+}
+
+// UnmarshalSteps decodes what MarshalSteps encoded. A name recorded twice
+// keeps its first value. It never keeps b: the values are copies.
+func UnmarshalSteps(b []byte) ([]RecordedStep, error) {
+	var steps []RecordedStep
+	seen := map[string]bool{}
+	for len(b) > 0 {
+		name, rest, err := cutField(b)
+		if err != nil {
+			return nil, err
+		}
+		value, rest, err := cutField(rest)
+		if err != nil {
+			return nil, err
+		}
+		b = rest
+		if seen[string(name)] {
+			continue
+		}
+		seen[string(name)] = true
+		steps = append(steps, RecordedStep{Name: string(name), Value: append([]byte{}, value...)})
+	}
+	return steps, nil
+}
+
+func cutField(b []byte) (field, rest []byte, err error) {
+	n, size := binary.Uvarint(b)
+	if size <= 0 || n > uint64(len(b)-size) {
+		return nil, nil, fmt.Errorf("idem: malformed recorded steps (%d bytes left)", len(b))
+	}
+	end := size + int(n)
+	return b[size:end], b[end:], nil
+}
+
+// Step runs fn once per operation: the first execution of the key that
+// reaches it runs fn and records its result (a recovery point) before
+// Step returns; an execution that takes the key over later, after a
+// crash, a lost lease or a rollback, gets the recorded result back
+// without running fn. Use it for an effect outside the store's
+// transaction that must not be repeated, such as a card charge:
+//
+//	charge, err := idem.Step(ctx, "charge", func(ctx context.Context) (Charge, error) {
+//		return cards.Charge(ctx, amount, idem.DownstreamKey(ctx, "charge"))
+//	})
+//
+// The result is recorded as JSON, so T must survive a round trip through
+// encoding/json. Name must be unique within the operation; steps of one
+// execution may run one after the other or concurrently under different
+// names. When fn fails, nothing is recorded and its error is returned: a
+// retry runs fn again. When fn succeeded but its result could not be
+// recorded, Step returns its result with an error wrapping ErrStepNotSaved;
+// return that error from the handler.
+//
+// One window remains: a crash after fn's effect and before its record
+// commits. A retry then runs fn again, which is why fn should pass a
+// downstream key (DownstreamKey) to the service it calls.
+//
+// Outside an execution (a request without a key), Step just runs fn.
+func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) (T, error)) (T, error) {
+	var zero T
+	st := stateFrom(ctx)
+	if st == nil {
+		return fn(ctx)
+	}
+	if name == "" {
+		return zero, errors.New("idem: Step needs a name")
+	}
+	if st.steps == nil {
+		return zero, ErrStepsUnsupported
+	}
+	if value, ok := st.recordedStep(name); ok {
+		var out T
+		if err := json.Unmarshal(value, &out); err != nil {
+			return zero, fmt.Errorf("idem: step %q: the recorded result does not decode into %T: %w", name, out, err)
+		}
+		return out, nil
+	}
+	out, err := fn(ctx)
+	if err != nil {
+		return out, err
+	}
+	value, err := json.Marshal(out)
+	if err != nil {
+		return out, fmt.Errorf("%w: step %q: its result does not encode as JSON: %w", ErrStepNotSaved, name, err)
+	}
+	// The effect happened: record it even if the caller's context ended
+	// meanwhile, bounded by the engine's CleanupTimeout.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), st.saveTimeout)
+	defer cancel()
+	if err := st.steps.SaveStep(sctx, SaveStepParams{
+		Tenant: st.info.Tenant, Key: st.info.Key, Token: st.info.LeaseToken,
+		Name: name, Value: value,
+	}); err != nil {
+		return out, fmt.Errorf("%w: step %q: %w", ErrStepNotSaved, name, err)
+	}
+	st.mu.Lock()
+	st.recorded = append(st.recorded, RecordedStep{Name: name, Value: value})
+	st.savedSteps = true
+	st.mu.Unlock()
+	return out, nil
+}
+
+// recordedStep returns the value recorded for name, by this execution or
+// an earlier one.
+func (st *execState) recordedStep(name string) ([]byte, bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, s := range st.recorded {
+		if s.Name == name {
+			return s.Value, true
+		}
+	}
+	return nil, false
+}
+
+// DownstreamKey returns a stable idempotency key for the call that step
+// name of the operation running in ctx makes to another service: the same
+// for every execution of the operation, takeovers included, and different
+// for every (tenant, key, step). Send it as that service's own
+// Idempotency-Key, so that a step run twice (the window Step cannot close)
+// is one operation there. It is 64 hexadecimal characters, a SHA-256 that
+// reveals neither the tenant nor the key. Outside an execution it returns
+// "".
+func DownstreamKey(ctx context.Context, name string) string {
+	st := stateFrom(ctx)
+	if st == nil {
+		return ""
+	}
+	h := sha256.New()
+	for _, part := range []string{"idem downstream key v1", st.info.Tenant, st.info.Key, name} {
+		var n [binary.MaxVarintLen64]byte
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
+		h.Write([]byte(part))
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
