@@ -16,7 +16,7 @@ import (
 	"github.com/idem-go/idem/internal/fieldtext"
 )
 
-// Middleware protects handlers with idempotency keys. Build it with New;
+// Middleware protects handlers with idempotency keys. Build it with NewMiddleware;
 // it is safe for concurrent use.
 type Middleware struct {
 	config     Config
