@@ -13,14 +13,12 @@ import (
 //   - cur reads the current row, and flags whether a claim may take it:
 //     past retention, or in flight with an expired lease and the same
 //     fingerprint.
-//
 //   - ins writes only when cur found no row or a claimable one. A key that
 //     is held (the replay of a completed request, or a duplicate of one in
 //     flight) is therefore answered by a plain read: no row lock, no
 //     transaction id, no WAL. When ins does write, ON CONFLICT decides
 //     against the latest committed version of the row, not cur's
 //     snapshot, so two claims can never both win.
-//
 //   - the async subquery turns synchronous_commit off for this statement's
 //     own implicit transaction only (is_local = true; it is evaluated only
 //     when ins writes, and a claim that writes nothing has nothing to
@@ -37,7 +35,6 @@ import (
 //     operation. That holds while the completions commit synchronously
 //     (synchronous_commit on, the default); see "Asynchronous claims" in
 //     the package documentation and docs/STORES.md.
-//
 //   - a takeover keeps the recovery points of the record it replaces
 //     (claimConflict), and ins returns them from the row version it
 //     updated: the latest committed one, under its row lock, so that a
