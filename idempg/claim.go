@@ -112,6 +112,11 @@ var errClaimRace = errors.New("idempg: claim kept losing to concurrent changes i
 // loses a race to a concurrent claim of the same key needs a second round
 // trip to read the winner's record. Unless Config.ClaimBatchSize is 1,
 // claims made at the same time share one statement (claimBatchSQL).
+//
+// A won claim that takes over an in-flight record reports Takeover and the
+// steps recorded under it; the record of a lost claim comes without its
+// steps (Record.Steps is nil), which only Get reads, so that a replay
+// reads no more than it did before recovery points.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	if err := checkIdentity(p.Tenant, p.Key); err != nil {
 		return idem.ClaimResult{}, idem.NotApplied(err)
