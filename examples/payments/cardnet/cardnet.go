@@ -25,7 +25,9 @@ package cardnet
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -152,7 +154,6 @@ type Network struct {
 	charges   map[string]*charge    // by id
 	calls     []Call
 	movements []Movement
-	ids       int
 }
 
 // operation is what the network keeps of a key: the request it was first
@@ -301,8 +302,7 @@ func (n *Network) charge(req ChargeRequest, key string, callN int) (int, []byte)
 		return encode(http.StatusBadRequest, Error{Code: "missing_card", Message: "card_token is required"})
 	}
 	n.mu.Lock()
-	n.ids++
-	c := &charge{Charge: Charge{ID: "ch_" + strconv.Itoa(n.ids), AmountCents: req.AmountCents, Currency: req.Currency, Status: "succeeded"}}
+	c := &charge{Charge: Charge{ID: newID("ch"), AmountCents: req.AmountCents, Currency: req.Currency, Status: "succeeded"}}
 	if req.CardToken == DeclinedToken {
 		c.Status, c.DeclineCode = "declined", "card_declined"
 		n.mu.Unlock()
@@ -331,8 +331,7 @@ func (n *Network) refund(req RefundRequest, key string, callN int) (int, []byte)
 			Message: fmt.Sprintf("%d cents are left to refund on this charge", c.AmountCents-c.refunded)})
 	}
 	c.refunded += req.AmountCents
-	n.ids++
-	rf := Refund{ID: "re_" + strconv.Itoa(n.ids), ChargeID: c.ID, AmountCents: req.AmountCents, Currency: c.Currency}
+	rf := Refund{ID: newID("re"), ChargeID: c.ID, AmountCents: req.AmountCents, Currency: c.Currency}
 	n.movements = append(n.movements, Movement{N: len(n.movements) + 1, Kind: "refund", ID: rf.ID, Key: key, AmountCents: rf.AmountCents, Currency: rf.Currency})
 	n.mu.Unlock()
 	n.observe(Event{Kind: Moved, Path: "/v1/refunds", Key: key, Call: callN})
@@ -357,6 +356,14 @@ func (n *Network) Movements() []Movement {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return append([]Movement(nil), n.movements...)
+}
+
+// newID makes the id of a charge or a refund: random, as a network's ids
+// are unique across its restarts.
+func newID(prefix string) string {
+	var b [12]byte
+	_, _ = crand.Read(b[:])
+	return prefix + "_" + hex.EncodeToString(b[:])
 }
 
 func encode(status int, v any) (int, []byte) {
