@@ -405,6 +405,7 @@ type CallError struct {
 	Message string // Error.Message of the answer
 }
 
+// Error says the status and what the network said.
 func (e *CallError) Error() string {
 	return fmt.Sprintf("card network: %d %s: %s", e.Status, e.Code, e.Message)
 }
