@@ -52,8 +52,8 @@ type outcome struct {
 // all of merchant, and every such operation the network ever received)
 // was answered 201, moved money exactly once at the network under its
 // downstream key, left exactly one row, the one its answer names, and
-// left a complete idem record holding the very answer the client got:
-// no row without its stored answer. It returns the outcomes by key.
+// left a complete idem record holding the very answer the client got (no
+// row without its stored answer) and the recorded step. It returns the outcomes by key.
 func checkExactlyOnce(t *testing.T, db testDB, network *cardnet.Network, merchant string, k opKind, calls []apiCall, results []callResult) map[string]outcome {
 	t.Helper()
 	out := map[string]outcome{}
@@ -127,6 +127,9 @@ func checkExactlyOnce(t *testing.T, db testDB, network *cardnet.Network, merchan
 		rec := recs[c.key]
 		if rec.state != "complete" || rec.status != http.StatusCreated || !bytes.Equal(rec.body, results[i].body) {
 			t.Errorf("%s: idem's record is %s %d %q; the client got %s", c.key, rec.state, rec.status, rec.body, results[i].body)
+		}
+		if !rec.hasSteps {
+			t.Errorf("%s: idem's record holds no recovery point: the %s was not recorded with idem.Step", c.key, k.step)
 		}
 	}
 	for key, rec := range recs {
