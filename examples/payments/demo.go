@@ -188,8 +188,12 @@ func demo(ctx context.Context, o options, stdout io.Writer, logger *slog.Logger)
 	for _, c := range perKey {
 		most = max(most, c)
 	}
-	fmt.Fprintf(stdout, "card network: money moved %d times (%d charges, %d refunds) for %d keys, at most %d times for one key\n",
-		kinds["charge"]+kinds["refund"], kinds["charge"], kinds["refund"], len(perKey), most)
+	perKeyNote := "once per key"
+	if most > 1 {
+		perKeyNote = fmt.Sprintf("up to %d times under one key", most)
+	}
+	fmt.Fprintf(stdout, "card network: money moved %d times (%d charges, %d refunds) for %d keys: %s\n",
+		kinds["charge"]+kinds["refund"], kinds["charge"], kinds["refund"], len(perKey), perKeyNote)
 
 	var rows, refundRows int
 	err = s.pool.QueryRow(ctx, `
