@@ -34,7 +34,7 @@ func TestOptingOutIsVisible(t *testing.T) {
 		{"cancel-on-disconnect", true, idemcheck.Fail},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			// Card calls of 400 to 500ms, cut 150ms after the request was
+			// Card calls of 400 to 500ms, cut 250ms after the request was
 			// sent: the payment has claimed its key and is in its card
 			// call, on a loaded machine too.
 			network, cardURL := startNetwork(t, &cardnet.Config{MinLatency: 400 * time.Millisecond, MaxLatency: 500 * time.Millisecond})
@@ -48,7 +48,7 @@ func TestOptingOutIsVisible(t *testing.T) {
 					"Authorization": {"Bearer " + merchant},
 				},
 				CountURL:        cardURL + "/v1/calls?path=/v1/charges",
-				DisconnectAfter: 150 * time.Millisecond,
+				DisconnectAfter: 250 * time.Millisecond,
 				Settle:          time.Second,
 			})
 			if err != nil {

@@ -80,9 +80,9 @@ func TestClientTimeoutsEveryDefault(t *testing.T) {
 
 // checkRanOnce checks that no operation ran twice: the network received
 // one call per downstream key (a second call, even one the network
-// answers from its own key, means the handler ran again), and every
-// client whose first attempt gave up got the stored answer, a replay.
-// It also checks that the test did what it says: attempts gave up.
+// answers from its own key, means the handler ran again). It also checks
+// that the test did what it says: clients gave up on attempts, and got
+// the stored answer afterwards.
 func checkRanOnce(t *testing.T, network *cardnet.Network, path string, calls []apiCall, results []callResult, ops map[string]outcome) {
 	t.Helper()
 	perKey := map[string]int{}
@@ -91,26 +91,27 @@ func checkRanOnce(t *testing.T, network *cardnet.Network, path string, calls []a
 			perKey[c.Key]++
 		}
 	}
-	gaveUp := 0
+	gaveUp, replayed := 0, 0
 	for i, c := range calls {
 		o, ok := ops[c.key]
 		if !ok {
 			continue
 		}
 		if n := perKey[o.downstream]; n != 1 {
-			t.Errorf("%s: the card network was called %d times under its downstream key: the handler ran again", c.key, n)
+			t.Errorf("%s: the card network was called %d times under its downstream key: the handler ran again (attempts: %s)", c.key, n, history(results[i]))
 		}
-		r := results[i]
-		if r.timeouts() == 0 {
-			continue
-		}
-		gaveUp++
-		if !r.trace.Replayed {
-			t.Errorf("%s: the first attempt gave up, and a later one was answered afresh (%s): the payment ran again", c.key, history(r))
+		if results[i].timeouts() > 0 {
+			gaveUp++
+			if results[i].trace.Replayed {
+				replayed++
+			}
 		}
 	}
-	if gaveUp == 0 {
-		t.Errorf("no client gave up on an attempt: the test did not exercise what it is about")
+	// A retry may also run first, when its server had not yet taken up
+	// the attempt that gave up: a fresh answer after a timeout is no
+	// second execution in itself. The calls above tell.
+	if gaveUp == 0 || replayed == 0 {
+		t.Errorf("%d clients gave up on an attempt, %d of them got a replay: the test did not exercise what it is about", gaveUp, replayed)
 	}
 }
 
