@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+	"unicode/utf8"
 
 	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -168,6 +170,40 @@ func TestTenantStoredAsWritten(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A consumer name that is not printable UTF-8 is refused by NewInbox,
+// with an error that names the setting and prints the name escaped.
+// Accepted, it would be the tenant of every key: PostgreSQL refuses NUL
+// and invalid UTF-8 in text, so every claim would fail, the store checks
+// too, and the consumer would wait forever for a store that never
+// answers; control characters would reach logs and terminals. A printable
+// name in any script is accepted and works.
+func TestConsumerNameMustBePrintable(t *testing.T) {
+	b := inboxtest.Postgres(t)
+	store := b.NewStore(t)
+	ctx := context.Background()
+	for _, name := range []string{"orders\x00eu", "orders\xffeu"} {
+		_, err := store.Claim(ctx, idem.ClaimParams{Tenant: ideminbox.Tenant(name), Key: "o-1", Token: 1, Lease: time.Minute, Retention: time.Hour})
+		if err == nil {
+			t.Errorf("PostgreSQL took a claim under the tenant of consumer %q", name)
+		}
+	}
+	for _, name := range []string{"orders\x00eu", "orders\xffeu", "orders\neu", "orders\teu", "orders\x1b[2Jeu", "orders\u009beu", "orders\x7f"} {
+		_, err := ideminbox.NewInbox(&ideminbox.Config{Store: store, Consumer: name})
+		if err == nil || !strings.Contains(err.Error(), "Config.Consumer") || strings.ContainsFunc(err.Error(), func(r rune) bool { return r < 0x20 || r == 0x7f || r == utf8.RuneError || (r >= 0x80 && r < 0xa0) }) {
+			t.Errorf("NewInbox with Consumer %q: %v; want a printable refusal naming Config.Consumer", name, err)
+		}
+	}
+	in, err := ideminbox.NewInbox(&ideminbox.Config{Store: store, Consumer: "commandes-été"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := in.Process(ctx, ideminbox.Message{ID: "o-1", Attempt: 1}, func(ctx context.Context) error {
+		return b.Insert(ctx, inboxtest.Effects, "o-1", "é")
+	}); d.Action != ideminbox.Ack || err != nil {
+		t.Fatalf("consumer commandes-été: %+v, %v", d, err)
 	}
 }
 
