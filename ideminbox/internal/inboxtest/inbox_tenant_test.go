@@ -1,12 +1,14 @@
 package inboxtest_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -96,50 +98,7 @@ func TestHTTPTenantNamedLikeConsumer(t *testing.T) {
 // the bare consumer name, and Status finds both a processed and a poison
 // message.
 func TestTenantStoredAsWritten(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		open func(t *testing.T) idem.Store
-	}{
-		{"memory", func(t *testing.T) idem.Store { return idemmem.NewStore(nil) }},
-		{"sqlite", func(t *testing.T) idem.Store {
-			db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { db.Close() })
-			return migrated(t, db, idemmigrate.SQLite, idemsql.SQLite)
-		}},
-		{"mariadb", func(t *testing.T) idem.Store {
-			return migrated(t, openDB(t, "mysql", testenv.MySQLDSN(t)), idemmigrate.MySQL, idemmysql.Dialect)
-		}},
-		{"postgres-sql", func(t *testing.T) idem.Store {
-			return migrated(t, openDB(t, "pgx", testenv.PostgresSchema(t)), idemmigrate.Postgres, idemsql.Postgres)
-		}},
-		{"postgres-pgx", func(t *testing.T) idem.Store {
-			pool, err := pgxpool.New(context.Background(), testenv.PostgresSchema(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(pool.Close)
-			if err := idempg.Migrate(context.Background(), pool); err != nil {
-				testenv.Unavailable(t, "PostgreSQL", err)
-			}
-			return must(idempg.NewStore(pool, nil))
-		}},
-		{"redis", func(t *testing.T) idem.Store {
-			opts, err := redis.ParseURL(testenv.RedisURL(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			client := redis.NewClient(opts)
-			t.Cleanup(func() { client.Close() })
-			store, err := idemredis.NewStore(client, &idemredis.Config{Prefix: testenv.Name()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return store
-		}},
-	} {
+	for _, tc := range everyStore() {
 		t.Run(tc.name, func(t *testing.T) {
 			store := tc.open(t)
 			const consumer = "order-projector"
@@ -204,6 +163,131 @@ func TestConsumerNameMustBePrintable(t *testing.T) {
 		return b.Insert(ctx, inboxtest.Effects, "o-1", "é")
 	}); d.Action != ideminbox.Ack || err != nil {
 		t.Fatalf("consumer commandes-été: %+v, %v", d, err)
+	}
+}
+
+// On every store, a poison record keeps the payload's first MaxPoisonData
+// bytes and its whole length, whichever way the message became poison (its
+// handler failed on its last attempt, or its last run never answered):
+// the bound is applied before anything is written, so that the record
+// always fits the store. The dead-letter hook gets the whole payload.
+func TestPoisonDataBoundedOnEveryStore(t *testing.T) {
+	for _, tc := range everyStore() {
+		t.Run(tc.name, func(t *testing.T) {
+			store := tc.open(t)
+			const bound = 16
+			var hooked []int
+			engine, err := idem.NewEngine(store, &idem.Config{Lease: 200 * time.Millisecond, Heartbeat: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := newInbox(t, nil, func(c *ideminbox.Config) {
+				c.Store, c.Engine = nil, engine
+				c.MaxAttempts = 1
+				c.MaxPoisonData = bound
+				c.InFlightDelay = 20 * time.Millisecond
+				c.DeadLetterFunc = func(ctx context.Context, msg ideminbox.Message, cause error) error {
+					hooked = append(hooked, len(msg.Data))
+					return nil
+				}
+			})
+			ctx := context.Background()
+			payload := []byte(strings.Repeat("0123456789abcdef", 64))
+			failing := func(context.Context) error { return errors.New("malformed") }
+			if d, _ := in.Process(ctx, ideminbox.Message{ID: "failed", Attempt: 1, Data: payload}, failing); d.Action != ideminbox.AckPoison {
+				t.Fatalf("failed: %v", d.Action)
+			}
+			// A last run that never answered: the key held by a claim
+			// whose lease ends, once before the grant and once after it.
+			for _, token := range []int64{41, 42} {
+				c, err := store.Claim(ctx, idem.ClaimParams{Tenant: ideminbox.Tenant("orders"), Key: "crashed", Token: token, Lease: 200 * time.Millisecond, Retention: time.Hour})
+				for err == nil && !c.Won {
+					time.Sleep(20 * time.Millisecond)
+					c, err = store.Claim(ctx, idem.ClaimParams{Tenant: ideminbox.Tenant("orders"), Key: "crashed", Token: token, Lease: 200 * time.Millisecond, Retention: time.Hour})
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if token == 41 {
+					// Past MaxAttempts, the key held: the grant of a last
+					// run is recorded, and the delivery held.
+					if d, err := in.Process(ctx, ideminbox.Message{ID: "crashed", Attempt: 2, Data: payload}, failing); d.Action != ideminbox.Hold || !errors.Is(err, idem.ErrInFlight) {
+						t.Fatalf("crashed, delivery 2: %+v, %v; want held while the claim runs", d, err)
+					}
+				}
+			}
+			for {
+				d, err := in.Process(ctx, ideminbox.Message{ID: "crashed", Attempt: 3, Data: payload}, failing)
+				if d.Action == ideminbox.AckPoison {
+					break
+				}
+				if d.Action != ideminbox.Hold {
+					t.Fatalf("crashed, delivery 3: %+v, %v; want held, then poison", d, err)
+				}
+				time.Sleep(d.Delay)
+			}
+			for id, cause := range map[string]string{"failed": "malformed", "crashed": ideminbox.ErrUnanswered.Error()} {
+				st, err := in.Status(ctx, id)
+				if err != nil || st.State != ideminbox.StatePoison || st.Error != cause || !bytes.Equal(st.Data, payload[:bound]) || st.DataSize != len(payload) {
+					t.Errorf("%s: status %+v, %v; want poison (%s), %d bytes of %d kept", id, st, err, cause, bound, len(payload))
+				}
+			}
+			if !slices.Equal(hooked, []int{len(payload), len(payload)}) {
+				t.Errorf("the dead-letter hook got %v bytes, want the whole payload twice", hooked)
+			}
+		})
+	}
+}
+
+// namedStore opens one store for a test.
+type namedStore struct {
+	name string
+	open func(t *testing.T) idem.Store
+}
+
+// everyStore lists every store, each on a fresh database, schema or key
+// prefix.
+func everyStore() []namedStore {
+	return []namedStore{
+		{"memory", func(t *testing.T) idem.Store { return idemmem.NewStore(nil) }},
+		{"sqlite", func(t *testing.T) idem.Store {
+			db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Close() })
+			return migrated(t, db, idemmigrate.SQLite, idemsql.SQLite)
+		}},
+		{"mariadb", func(t *testing.T) idem.Store {
+			return migrated(t, openDB(t, "mysql", testenv.MySQLDSN(t)), idemmigrate.MySQL, idemmysql.Dialect)
+		}},
+		{"postgres-sql", func(t *testing.T) idem.Store {
+			return migrated(t, openDB(t, "pgx", testenv.PostgresSchema(t)), idemmigrate.Postgres, idemsql.Postgres)
+		}},
+		{"postgres-pgx", func(t *testing.T) idem.Store {
+			pool, err := pgxpool.New(context.Background(), testenv.PostgresSchema(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			if err := idempg.Migrate(context.Background(), pool); err != nil {
+				testenv.Unavailable(t, "PostgreSQL", err)
+			}
+			return must(idempg.NewStore(pool, nil))
+		}},
+		{"redis", func(t *testing.T) idem.Store {
+			opts, err := redis.ParseURL(testenv.RedisURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			client := redis.NewClient(opts)
+			t.Cleanup(func() { client.Close() })
+			store, err := idemredis.NewStore(client, &idemredis.Config{Prefix: testenv.Name()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return store
+		}},
 	}
 }
 
