@@ -275,6 +275,26 @@ const tenantPrefix = "\x1finbox:"
 // Engine is the inbox's own.
 func (in *Inbox) Config() Config { return in.config }
 
+// GivenBackMargin is the room MinDeliveryLimit leaves for deliveries given
+// back to the broker without running: each time a consumer stops, crashes
+// or misses the broker's acknowledgement deadline while it holds a message
+// (during a store outage, say), the broker counts one more delivery of it,
+// which the inbox cannot take off once that consumer is gone.
+const GivenBackMargin = 10
+
+// MinDeliveryLimit returns the smallest finite delivery limit of the
+// broker (JetStream's MaxDeliver, a RabbitMQ quorum queue's
+// x-delivery-limit) under which the inbox, not the broker, decides what
+// becomes of every message: MaxAttempts deliveries, two more to end a
+// crash loop (the last run, and the delivery that records the message as
+// poison), and GivenBackMargin. Past a lower limit the broker drops (or
+// dead-letters) a message the inbox has neither processed nor recorded as
+// poison. An unlimited one (-1) leaves nothing to chance, and is the
+// advice: the inbox records every poison message itself.
+func (in *Inbox) MinDeliveryLimit() int {
+	return in.config.MaxAttempts + 2 + GivenBackMargin
+}
+
 // Close closes the inbox's engine (see idem.Engine.Close). Call it once
 // the consumers using the inbox have returned.
 func (in *Inbox) Close(ctx context.Context) error { return in.engine.Close(ctx) }
