@@ -180,6 +180,14 @@ func (c *Consumer) check(ctx context.Context, cons jetstream.Consumer) (time.Dur
 // holder's lease runs. When ctx ends first, the message is negatively
 // acknowledged and the Hold decision returned.
 //
+// Handle reports the message in progress from its call on: a message
+// that waited in a client buffer before it (Consumer.Messages, a large
+// Fetch batch behind a slow handler) may have outlived its AckWait there,
+// and the server then sent it again and counted one more delivery of it.
+// Pull no more messages than the handler gets through within AckWait, or
+// use Consume, which pulls one at a time and reports a waiting message in
+// progress from its arrival.
+//
 // The message's consumer must have been accepted by Check: otherwise
 // Handle returns an error wrapping ErrNotChecked, a zero Decision, and
 // leaves the message untouched.
