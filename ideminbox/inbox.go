@@ -123,7 +123,8 @@ type Config struct {
 	// refuses a statement larger than its max_allowed_packet, 16 MiB by
 	// default; a record that cannot be written would make the message come
 	// back forever). Status.DataSize tells the whole payload's length;
-	// DeadLetterFunc receives all of it. Defaults to 1 MiB.
+	// DeadLetterFunc receives all of it. Defaults to 1 MiB; if you raise
+	// it, keep it well under the store's largest statement.
 	MaxPoisonData int
 
 	// Retention is how long a processed message's key is kept, so that a
@@ -593,7 +594,7 @@ func (in *Inbox) unanswered(ctx context.Context, op idem.Operation, msg Message,
 	case err == nil:
 		d, err := in.poison(ctx, op, msg, attempt, ErrUnanswered, Hold)
 		return d, err, true
-	case errors.Is(err, idem.ErrInFlight):
+	case errors.Is(err, idem.ErrInFlight), errors.Is(err, idem.ErrLeaseLost):
 		// Another delivery of the message records the grant right now.
 		in.local.unrun(op.Key, msg.Attempt)
 		return Decision{Action: Hold, Delay: in.config.InFlightDelay}, err, true
