@@ -1,9 +1,11 @@
 package idemredis
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -499,5 +501,71 @@ func watchAndStepScenario(t *testing.T, s, peer *Store, checkConns func(t *testi
 	r, err := peer.Claim(ctx, claimParams("t", "steps", "fp", 2))
 	if err != nil || !r.Won || !r.Takeover || stepNames(r.Steps) != `[charge="ch_1"]` {
 		t.Fatalf("claim after the release: %+v %v, want a takeover with the step", r, err)
+	}
+}
+
+// lateConn delivers, once the connection has sent a (un)subscribe
+// command, everything it writes late, in order: the command reaches the
+// server well after the client thinks it sent it, as over a slow link.
+type lateConn struct {
+	net.Conn
+	mu    sync.Mutex
+	queue chan []byte
+}
+
+func (c *lateConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	if c.queue == nil && bytes.Contains(bytes.ToLower(p), []byte("subscribe")) {
+		c.queue = make(chan []byte, 1024)
+		go func() {
+			for b := range c.queue {
+				time.Sleep(300 * time.Millisecond)
+				if _, err := c.Conn.Write(b); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	queue := c.queue
+	c.mu.Unlock()
+	if queue == nil {
+		return c.Conn.Write(p)
+	}
+	queue <- bytes.Clone(p)
+	return len(p), nil
+}
+
+// TestWatchReturnsSubscribed: Watch returns once the server has the
+// subscription, so a change made right after it returns is seen, however
+// late the subscription reaches the server.
+func TestWatchReturnsSubscribed(t *testing.T) {
+	ctx := context.Background()
+	ws := startWatchServer(t)
+	slow := redis.NewClient(&redis.Options{Addr: ws.srv.addr, Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &lateConn{Conn: c}, nil
+	}})
+	t.Cleanup(func() { _ = slow.Close() })
+	s := newUniversalStore(t, slow, "w")
+	for i := range 3 {
+		key := "k" + strconv.Itoa(i)
+		if r, err := ws.peer.Claim(ctx, claimParams("t", key, "fp", 7)); err != nil || !r.Won {
+			t.Fatalf("claim: %+v %v", r, err)
+		}
+		ch, stop, err := s.Watch(ctx, "t", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unit, _ := ws.peer.Begin(ctx)
+		if err := unit.Complete(ctx, idem.CompleteParams{Tenant: "t", Key: key, Token: 7, Result: idem.Result{Status: 201}}); err != nil {
+			t.Fatal(err)
+		}
+		if !closedWithin(ch, 10*time.Second) {
+			t.Fatalf("a completion right after Watch returned was not seen (watch %d)", i)
+		}
+		stop()
 	}
 }
