@@ -101,7 +101,6 @@
 // which lack sharded pub/sub, watchers poll instead, every
 // Config.WatchPollInterval.
 //
-//
 // # Key layout
 //
 // A record is one hash at
