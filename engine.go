@@ -417,6 +417,14 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 		return Outcome{Result: res}, nil
 	}
 	_ = x.unit.Rollback(context.WithoutCancel(ctx))
+	if errors.Is(err, ErrWritesAborted) {
+		// The handler's own failure, not the store's: it answered a
+		// success whose writes a failed statement had undone.
+		x.e.config.Logger.ErrorContext(x.ctx, "idem: the handler answered a success after a failed statement aborted its transaction; nothing stored, key released",
+			slog.String("store", e.info.Name), slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key), slog.Int("status", res.Status))
+		e.release(x.ctx, x.op, x.token)
+		return Outcome{}, err
+	}
 	if errors.Is(err, ErrLeaseLost) {
 		e.warnRolledBack(x.ctx, x.op, "lease lost at completion", err)
 		return Outcome{}, ErrLeaseLost

@@ -29,7 +29,7 @@
 // names two operations. Config.TenantFunc reads the tenant from what the
 // server knows of the caller. Without it every caller shares one key
 // space, and any caller who guesses a key can get another's answer
-// replayed: New refuses that unless Config.SharedKeySpace says it is
+// replayed: NewMiddleware refuses that unless Config.SharedKeySpace says it is
 // meant. Authentication, rate limiting and other gates sit in front of
 // this middleware: what they refuse is never stored, and by the time
 // TenantFunc runs the caller is known.

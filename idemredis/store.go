@@ -56,7 +56,7 @@ type Config struct {
 const DefaultCompleteTimeout = 5 * time.Second
 
 // Store is an idem.Store on Redis. It is safe for concurrent use; create it
-// with New.
+// with NewStore.
 type Store struct {
 	client          redis.UniversalClient
 	prefix          string

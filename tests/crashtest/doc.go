@@ -5,7 +5,7 @@
 // flight.
 //
 // The kill points come from the demo's test-only fault injection
-// (internal/demo/faults.go, IDEM_FAULT and IDEM_FAULT_KEY), compiled only
+// (cmd/idem/internal/demo/faults.go, IDEM_FAULT and IDEM_FAULT_KEY), compiled only
 // into a binary built with the tag idemfaults, as these tests build it,
 // and off unless a test sets those variables in the environment of the
 // child process.
