@@ -87,6 +87,9 @@ func TestStepsSurviveKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping: starts and kills hundreds of processes (-short)")
 	}
+	if *stepKeys < 1 {
+		t.Fatalf("-crashtest.stepkeys=%d: want at least 1", *stepKeys)
+	}
 	url, pool := stepsDatabase(t)
 	var keys []stepsKey
 	for i := range *stepKeys * len(stepKillPoints) {
