@@ -52,12 +52,47 @@
 // terminated backend). The engine then answers with a store error and
 // releases the key, so the retry runs the operation again.
 //
+// # Recovery points
+//
+// Store implements idem.StepStore, so handlers may record their steps
+// with idem.Step:
+//
+//	charge, err := idem.Step(ctx, "charge", func(ctx context.Context) (Charge, error) {
+//		return cards.Charge(ctx, amount, idem.DownstreamKey(ctx, "charge"))
+//	})
+//
+// Each step is recorded by an UPDATE of its own, on the pool, committed
+// before Step returns, never in the handler's transaction: when that
+// transaction rolls back (the handler failed, the process died before the
+// commit), the step stays recorded, since its effect stands. An execution
+// that takes the key over (after a crash, or a retry of a failed
+// handler) gets the recorded results instead of running the steps again.
+// A step costs one round trip and one synchronous commit; a request that
+// records none pays nothing for the feature: the steps are read only by a
+// claim that takes a key over, and by Get.
+//
+// Recording a step takes a pool connection while the handler's
+// transaction, once it has sent a query, holds another: record the steps
+// before the business writes (charge the card, then write the order) or
+// give the pool two connections for each handler that does both at once.
+// A step that cannot get a connection within the engine's CleanupTimeout
+// fails with idem.ErrStepNotSaved.
+//
+// A failed execution whose record holds steps is not deleted but kept in
+// flight with its lease ended, so that the next retry with the same
+// fingerprint takes it over at once, with its steps; a retry that asks
+// something else meets it in flight until its retention ends. Steps stay
+// on a completed record until it is purged.
+//
 // # Schema
 //
 // Migrate applies idemmigrate's PostgreSQL files to the schema the pool's
-// connections use (their search_path): the idem_keys table (0001) and the
-// idem_complete function (0002). Teams with their own migration tool apply
-// idemmigrate.Files(idemmigrate.Postgres) instead.
+// connections use (their search_path): the idem_keys table (0001), the
+// idem_complete function (0002) and the steps column of recovery points
+// (0003). Teams with their own migration tool apply
+// idemmigrate.Files(idemmigrate.Postgres) instead. A database migrated by
+// an earlier release moves forward with Migrate, which applies only the
+// files it has not applied yet.
 //
 // # Your own transaction
 //
