@@ -516,7 +516,7 @@ func TestConcurrentSteps(t *testing.T) {
 
 // FuzzUnmarshalSteps feeds arbitrary stored bytes to UnmarshalSteps, the
 // decoder of the recovery points every store returns: damaged bytes must
-// never panic it, nor make it allocate by a length they claim. What it
+// never panic it, whatever lengths they claim. What it
 // accepts re-encodes (MarshalSteps) to bytes that decode to the same
 // steps; appending a copy of the encoding, as a store appending steps
 // again would, changes nothing (a name keeps its first value); and the
