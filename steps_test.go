@@ -618,3 +618,45 @@ func TestStepsEncoding(t *testing.T) {
 		}
 	}
 }
+
+// Every way an execution that recorded a step can end without completing
+// logs that its steps are kept, and keeps them: the answer it marked
+// NotExecuted, a panic on a transactional store (rolled back, released),
+// a panic on a store without transactions (held until its lease ends).
+func TestStepsKeptWarning(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		transactional bool
+		end           func(ctx context.Context) (idem.Result, error)
+	}{
+		{name: "NotExecuted", end: func(ctx context.Context) (idem.Result, error) {
+			idem.NotExecuted(ctx)
+			return idem.Result{Status: 400}, nil
+		}},
+		{name: "transactional panic", transactional: true, end: func(context.Context) (idem.Result, error) { panic("boom") }},
+		{name: "panic", end: func(context.Context) (idem.Result, error) { panic("boom") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var store idem.Store = idemmem.NewStore(nil)
+			if tc.transactional {
+				store = &trackingStore{Store: store.(*idemmem.Store)}
+			}
+			var logs logBuffer
+			e := newEngine(t, store, &idem.Config{Logger: logs.logger()})
+			op := idem.Operation{Key: "k", Fingerprint: []byte("a")}
+			_, _ = e.Do(context.Background(), op, func(ctx context.Context) (idem.Result, error) {
+				if _, err := idem.Step(ctx, "charge", func(context.Context) (int, error) { return 1, nil }); err != nil {
+					return idem.Result{}, err
+				}
+				return tc.end(ctx)
+			})
+			if !strings.Contains(logs.String(), stepsKeptLog) {
+				t.Errorf("no warning that the steps are kept; logs:\n%s", logs.String())
+			}
+			rec, err := store.Get(context.Background(), op.Tenant, op.Key)
+			if err != nil || rec.State != idem.StateInFlight || len(rec.Steps) != 1 {
+				t.Errorf("record = %+v, %v; want in flight with its step", rec, err)
+			}
+		})
+	}
+}
