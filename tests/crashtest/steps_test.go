@@ -87,6 +87,9 @@ func TestStepsSurviveKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping: starts and kills hundreds of processes (-short)")
 	}
+	if *stepKeys < 1 {
+		t.Fatalf("-crashtest.stepkeys=%d: want at least 1", *stepKeys)
+	}
 	url, pool := stepsDatabase(t)
 	var keys []stepsKey
 	for i := range *stepKeys * len(stepKillPoints) {
@@ -178,8 +181,10 @@ func runStepKeys(t *testing.T, url string, keys []stepsKey) {
 				}
 				mu.Lock()
 				total.processes += s.processes
-				total.killed += s.killed
 				total.inFlight += s.inFlight
+				for point, n := range s.killed {
+					total.kill(point, n)
+				}
 				mu.Unlock()
 			}
 		})
@@ -189,14 +194,24 @@ func runStepKeys(t *testing.T, url string, keys []stepsKey) {
 	}
 	close(work)
 	wg.Wait()
-	t.Logf("%d keys: %d payment processes, %d killed at their kill point, %d found the key still held", len(keys), total.processes, total.killed, total.inFlight)
+	t.Logf("%d keys: %d payment processes; killed at their kill point: %v; %d found the key still held", len(keys), total.processes, total.killed, total.inFlight)
 	if t.Failed() {
 		t.FailNow()
 	}
 }
 
 // stepsStats count the processes of the payments, for the log.
-type stepsStats struct{ processes, killed, inFlight int }
+type stepsStats struct {
+	processes, inFlight int
+	killed              map[string]int // per kill point
+}
+
+func (s *stepsStats) kill(point string, n int) {
+	if s.killed == nil {
+		s.killed = map[string]int{}
+	}
+	s.killed[point] += n
+}
 
 // runStepKey starts a payment process for each kill in turn, kills it
 // with SIGKILL once it reports that it reached its kill point, and then
@@ -220,7 +235,7 @@ func runStepKey(url string, k stepsKey, s *stepsStats) error {
 			if status != int(syscall.SIGKILL)+128 || !strings.Contains(out, "\nat "+kill+"\n") {
 				return fmt.Errorf("the process armed to die %s ended with status %d:\n%s", kill, status, out)
 			}
-			s.killed++
+			s.kill(kill, 1)
 			break
 		}
 	}
