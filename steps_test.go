@@ -660,3 +660,37 @@ func TestStepsKeptWarning(t *testing.T) {
 		})
 	}
 }
+
+// failingSteps is a memory store whose SaveStep fails, as a full or
+// unreachable store's would.
+type failingSteps struct{ *idemmem.Store }
+
+func (failingSteps) SaveStep(context.Context, idem.SaveStepParams) error {
+	return errors.New("OOM command not allowed when used memory > 'maxmemory'")
+}
+
+// TestStepNotSavedKeepsKey: a step whose effect happened but whose record
+// failed must not be run again at once: the handler's ErrStepNotSaved
+// leaves the key in flight until its lease ends, whatever the store.
+func TestStepNotSavedKeepsKey(t *testing.T) {
+	store := failingSteps{idemmem.NewStore(nil)}
+	e := newEngine(t, store, &idem.Config{Lease: time.Minute, Heartbeat: -1, Logger: slog.New(slog.DiscardHandler)})
+	op := idem.Operation{Tenant: "acme", Key: "pay-oom", Fingerprint: []byte("a")}
+	charges := 0
+	pay := func(ctx context.Context) (idem.Result, error) {
+		_, err := idem.Step(ctx, "charge", func(context.Context) (string, error) {
+			charges++
+			return "ch_1", nil
+		})
+		return idem.Result{Status: 201}, err
+	}
+	if _, err := e.Do(context.Background(), op, pay); !errors.Is(err, idem.ErrStepNotSaved) {
+		t.Fatalf("Do = %v, want ErrStepNotSaved", err)
+	}
+	if _, err := e.Do(context.Background(), op, pay); !errors.Is(err, idem.ErrInFlight) {
+		t.Fatalf("retry = %v, want ErrInFlight (the key kept until its lease ends)", err)
+	}
+	if charges != 1 {
+		t.Fatalf("%d charges, want 1", charges)
+	}
+}
