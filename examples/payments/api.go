@@ -221,7 +221,10 @@ func (a *api) cardFailed(w http.ResponseWriter, r *http.Request, step string, er
 	// Store nothing and release the key, so that the client's retry runs
 	// the step again. That is safe because the retry sends the network
 	// the same downstream key, under which the network answers with what
-	// it did the first time, and moves no money twice.
+	// it did the first time, and moves no money twice. (A function given
+	// to Engine.Do would return the ErrStepNotSaved instead, and the
+	// engine would hold the key until its lease ends; an http.Handler has
+	// no error to return.)
 	idem.NotExecuted(ctx)
 	a.logger.WarnContext(ctx, "card network call failed; the retry will ask again under the same downstream key",
 		slog.String("step", step), slog.Any("error", err))
