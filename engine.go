@@ -350,6 +350,17 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 	case errors.As(err, &panicked):
 		x.abandon(err)
 		return Outcome{}, err
+	case x.rc.exec.unsavedStep.Load() != nil:
+		// A step's effect happened and its record did not, whatever the
+		// handler answered after that (a front end's handler cannot
+		// return the error): a retry now would repeat the effect at once.
+		// The key stays held until its lease ends, which gives the store
+		// time to come back; the takeover then runs the step again, under
+		// the same downstream key (DownstreamKey).
+		cause := *x.rc.exec.unsavedStep.Load()
+		x.rollback("a step ran but was not recorded", cause)
+		x.keepInFlight("a step ran but was not recorded", cause)
+		return Outcome{}, cause
 	case err == nil && x.rc.exec.notExecuted.Load():
 		// The function says it did nothing: keep nothing, free the key.
 		x.rollback("", nil)
@@ -357,15 +368,6 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 		return Outcome{Result: res, NotStored: true}, nil
 	case x.ctx.Err() != nil:
 		return x.cancelled(res, err)
-	case err != nil && errors.Is(err, ErrStepNotSaved):
-		// A step's effect happened and its record did not: a retry now
-		// would repeat the effect at once. The key stays held until its
-		// lease ends, which gives the store time to come back; the
-		// takeover then runs the step again, under the same downstream
-		// key (DownstreamKey).
-		x.rollback("a step ran but was not recorded", err)
-		x.keepInFlight("a step ran but was not recorded", err)
-		return Outcome{}, err
 	case err != nil:
 		// The function failed and says so: nothing of it is to be kept.
 		x.rollback("the handler failed", err)

@@ -43,6 +43,8 @@ type execState struct {
 	mu          sync.Mutex
 	recorded    []RecordedStep
 	savedSteps  bool // this execution recorded a step
+	// unsavedStep is the error of a step that ran but was not recorded.
+	unsavedStep atomic.Pointer[error]
 }
 
 // execKey is the context key under which a run context answers its

@@ -595,6 +595,13 @@ func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) {
 		}
 	case errors.Is(err, idem.ErrInvalidKey):
 		writeProblem(w, problemInvalidKey)
+	case errors.Is(err, idem.ErrStepNotSaved):
+		// A step's effect stands without its record: the key is held
+		// until its lease ends, then a retry takes it over.
+		log.ErrorContext(ctx, "idemhttp: a step ran but its result was not recorded; answer discarded, key held until its lease ends",
+			slog.String("key", op.Key), slog.Any("error", err))
+		w.Header()["Retry-After"] = m.retryAfter
+		writeProblem(w, p.storeUnavailableRan)
 	case errors.Is(err, idem.ErrWritesAborted):
 		log.ErrorContext(ctx, "idemhttp: the handler answered a success after a failed SQL statement aborted its transaction; answer discarded, key released",
 			slog.String("key", op.Key))

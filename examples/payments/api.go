@@ -216,15 +216,14 @@ func (a *api) cardFailed(w http.ResponseWriter, r *http.Request, step string, er
 		writeProblem(w, http.StatusUnprocessableEntity, "refused by the card network", ce.Code+": "+ce.Message)
 		return
 	}
-	// No answer (a timeout, a connection error, a 5xx), or an answer idem
-	// could not record (idem.ErrStepNotSaved): the money may have moved.
-	// Store nothing and release the key, so that the client's retry runs
-	// the step again. That is safe because the retry sends the network
-	// the same downstream key, under which the network answers with what
-	// it did the first time, and moves no money twice. (A function given
-	// to Engine.Do would return the ErrStepNotSaved instead, and the
-	// engine would hold the key until its lease ends; an http.Handler has
-	// no error to return.)
+	// No answer (a timeout, a connection error, a 5xx): the money may
+	// have moved. Store nothing and release the key, so that the client's
+	// retry runs the step again. That is safe because the retry sends the
+	// network the same downstream key, under which the network answers
+	// with what it did the first time, and moves no money twice. When the
+	// network answered but idem could not record the answer
+	// (idem.ErrStepNotSaved), the engine overrides this: it answers 503
+	// itself and holds the key until its lease ends.
 	idem.NotExecuted(ctx)
 	a.logger.WarnContext(ctx, "card network call failed; the retry will ask again under the same downstream key",
 		slog.String("step", step), slog.Any("error", err))
