@@ -52,6 +52,14 @@ type Config struct {
 	// failures, work rolled back after the handler ran). Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+
+	// Tracer observes every operation, and, when it implements the
+	// optional interfaces (StoreTracer, LeaseTracer, RequestTracer,
+	// MessageTracer), the store calls, the lease events, and the requests
+	// and messages of idemhttp and ideminbox over this engine. idemprom
+	// and idemotel provide tracers; MultiTracer combines them. Defaults to
+	// none, which costs nothing.
+	Tracer Tracer
 }
 
 func (c *Config) withDefaults() Config {
@@ -93,6 +101,10 @@ type Engine struct {
 	keeper *keeper   // nil when the heartbeat is off
 	late   *lateReleases
 
+	tracer      Tracer      // nil: not traced
+	storeTracer StoreTracer // the tracer, when it observes store calls
+	leaseTracer LeaseTracer // the tracer, when it observes lease events
+
 	running atomic.Int64  // executions inside Do
 	closed  atomic.Bool   // Close was called
 	idle    chan struct{} // signalled when running drops to zero after Close
@@ -107,10 +119,13 @@ func NewEngine(store Store, config *Config) (*Engine, error) {
 		store:  store,
 		info:   store.Info(),
 		config: config.withDefaults(),
-		late:   newLateReleases(store),
 		idle:   make(chan struct{}, 1),
 	}
 	e.steps, _ = store.(StepStore)
+	e.tracer = e.config.Tracer
+	e.storeTracer, _ = e.tracer.(StoreTracer)
+	e.leaseTracer, _ = e.tracer.(LeaseTracer)
+	e.late = newLateReleases(store, e.storeTracer, e.info.Name, e.config.Logger)
 	if e.config.Heartbeat >= e.config.Lease {
 		// The lease would end before its first extension: every handler
 		// slower than the lease would lose its key, the very thing the
@@ -120,6 +135,7 @@ func NewEngine(store Store, config *Config) (*Engine, error) {
 	}
 	if e.config.Heartbeat > 0 {
 		e.keeper = newKeeper(store, e.config.Heartbeat, e.config.Logger)
+		e.keeper.storeName, e.keeper.storeTracer, e.keeper.leaseTracer = e.info.Name, e.storeTracer, e.leaseTracer
 	}
 	return e, nil
 }
@@ -230,6 +246,14 @@ type Outcome struct {
 // Store failures come back as *StoreError; when the claim fails, fn does
 // not run. After Close, Do returns ErrClosed.
 func (e *Engine) Do(ctx context.Context, op Operation, fn func(ctx context.Context) (Result, error)) (Outcome, error) {
+	if e.tracer != nil {
+		return e.doTraced(ctx, op, fn)
+	}
+	return e.do(ctx, op, fn, nil)
+}
+
+// do is Do; t collects what a tracer reports, when there is one.
+func (e *Engine) do(ctx context.Context, op Operation, fn func(ctx context.Context) (Result, error), t *opTrace) (Outcome, error) {
 	if err := ValidateKey(op.Key); err != nil {
 		return Outcome{}, err
 	}
@@ -238,7 +262,7 @@ func (e *Engine) Do(ctx context.Context, op Operation, fn func(ctx context.Conte
 	}
 	defer e.exit()
 	token := newToken()
-	claim, err := e.store.Claim(ctx, ClaimParams{
+	claim, err := e.claim(ctx, ClaimParams{
 		Tenant:      op.Tenant,
 		Key:         op.Key,
 		Fingerprint: op.Fingerprint,
@@ -255,9 +279,18 @@ func (e *Engine) Do(ctx context.Context, op Operation, fn func(ctx context.Conte
 		return Outcome{}, storeError("claim", err)
 	}
 	if !claim.Won {
+		if t != nil && claim.Record != nil {
+			t.completedAt = claim.Record.CompletedAt
+		}
 		return decide(claim.Record, op.Fingerprint)
 	}
-	return e.run(ctx, op, token, &claim, fn)
+	if claim.Takeover {
+		if t != nil {
+			t.takeover = true
+		}
+		e.traceLease(ctx, LeaseTakeover, nil)
+	}
+	return e.run(ctx, op, token, &claim, fn, t)
 }
 
 // decide answers a lost claim from the record that holds the key.
@@ -285,8 +318,8 @@ type execution struct {
 	held  *lease // nil when the heartbeat is off
 }
 
-func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *ClaimResult, fn func(ctx context.Context) (Result, error)) (Outcome, error) {
-	unit, err := e.store.Begin(ctx)
+func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *ClaimResult, fn func(ctx context.Context) (Result, error), t *opTrace) (Outcome, error) {
+	unit, err := e.begin(ctx)
 	if err != nil {
 		e.release(ctx, op, token)
 		return Outcome{}, storeError("begin", err)
@@ -314,9 +347,16 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *Clai
 			x.abandon(errGoexit)
 		}
 	}()
+	if t != nil {
+		t.execStart = time.Now()
+	}
 	res, err := callHandler(x.rc, fn)
 	returned = true
-	return x.finish(res, err)
+	out, err := x.finish(res, err)
+	if t != nil {
+		t.execution = time.Since(t.execStart)
+	}
+	return out, err
 }
 
 // errGoexit stands for the handler's runtime.Goexit in logs.
@@ -346,6 +386,7 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 		// handler's context: report that. The key belongs to another
 		// execution now, so there is nothing to release.
 		x.rollback("lease lost", ErrLeaseLost)
+		e.traceLease(x.ctx, LeaseLost, nil)
 		return Outcome{}, ErrLeaseLost
 	case errors.As(err, &panicked):
 		x.abandon(err)
@@ -401,23 +442,24 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 	if x.rc.exec.rollbackWrites.Load() && e.info.Transactional {
 		// Store the answer without the business writes: roll them back and
 		// complete in a unit of work of its own.
-		if err := x.unit.Rollback(ctx); err != nil {
+		if err := e.rollbackUnit(ctx, x.unit); err != nil {
 			e.release(x.ctx, x.op, x.token)
 			return Outcome{}, storeError("rollback", err)
 		}
-		next, err := e.store.Begin(ctx)
+		next, err := e.begin(ctx)
 		if err != nil {
 			e.release(x.ctx, x.op, x.token)
 			return Outcome{}, storeError("begin", err)
 		}
 		x.unit = next
 	}
-	err := x.unit.Complete(ctx, CompleteParams{Tenant: x.op.Tenant, Key: x.op.Key, Token: x.token, Result: res})
+	err := e.completeUnit(ctx, x.unit, CompleteParams{Tenant: x.op.Tenant, Key: x.op.Key, Token: x.token, Result: res})
 	if err == nil {
 		return Outcome{Result: res}, nil
 	}
-	_ = x.unit.Rollback(context.WithoutCancel(ctx))
+	_ = e.rollbackUnit(context.WithoutCancel(ctx), x.unit)
 	if errors.Is(err, ErrLeaseLost) {
+		e.traceLease(x.ctx, LeaseLost, nil)
 		e.warnRolledBack(x.ctx, x.op, "lease lost at completion", err)
 		return Outcome{}, ErrLeaseLost
 	}
@@ -441,7 +483,7 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 // lease ends.
 func (x *execution) abandon(cause error) {
 	if !x.e.info.Transactional {
-		_ = x.unit.Rollback(context.WithoutCancel(x.ctx))
+		_ = x.e.rollbackUnit(context.WithoutCancel(x.ctx), x.unit)
 		x.keepInFlight("the handler did not return", cause)
 		return
 	}
@@ -452,7 +494,7 @@ func (x *execution) abandon(cause error) {
 // rollback abandons the unit of work, and says so when the handler ran
 // and its writes were undone for a reason other than its own choice.
 func (x *execution) rollback(reason string, cause error) {
-	_ = x.unit.Rollback(context.WithoutCancel(x.ctx))
+	_ = x.e.rollbackUnit(context.WithoutCancel(x.ctx), x.unit)
 	if reason != "" {
 		x.e.warnRolledBack(x.ctx, x.op, reason, cause)
 	}
@@ -492,7 +534,7 @@ func callHandler(ctx context.Context, fn func(ctx context.Context) (Result, erro
 func (e *Engine) release(ctx context.Context, op Operation, token int64) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.config.CleanupTimeout)
 	defer cancel()
-	if err := e.store.Release(ctx, ReleaseParams{Tenant: op.Tenant, Key: op.Key, Token: token}); err != nil {
+	if err := e.releaseKey(ctx, ReleaseParams{Tenant: op.Tenant, Key: op.Key, Token: token}); err != nil {
 		// The record stays in flight until its lease ends, then a retry
 		// takes it over: safe, only slower.
 		e.config.Logger.WarnContext(ctx, "idem: release failed; the key stays locked until its lease ends",
