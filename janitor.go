@@ -116,7 +116,7 @@ func (j *Janitor) Run(ctx context.Context) error {
 		case err != nil && !errors.Is(err, context.Canceled):
 			j.config.Logger.WarnContext(ctx, "idem: purge failed", slog.String("store", j.name), slog.Any("error", err), slog.Int("deleted", n))
 		case n > 0:
-			j.config.Logger.InfoContext(ctx, "idem: purged expired records", slog.String("store", j.name), slog.Int("deleted", n))
+			j.config.Logger.InfoContext(ctx, "idem: purged expired records", slog.Int("deleted", n), slog.String("store", j.name))
 		}
 		select {
 		case <-ctx.Done():

@@ -369,11 +369,12 @@ func (x *exchange) do(ctx context.Context) (idem.Result, error) {
 	}
 	// Sealed however the handler ends: a panic and runtime.Goexit too.
 	defer rec.seal()
+	if x.timed {
+		// Deferred: a handler that panics was routed too.
+		defer func() { x.pattern = r.Pattern }()
+	}
 	x.next.ServeHTTP(rec, r)
 	rec.seal()
-	if x.timed {
-		x.pattern = r.Pattern
-	}
 
 	if rec.over {
 		return idem.Result{}, ErrResponseTooLarge

@@ -1,0 +1,2 @@
+// Package idemprom exports idem's metrics to Prometheus.
+package idemprom
