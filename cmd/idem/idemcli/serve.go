@@ -311,7 +311,7 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 			ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 		logger.Info("metrics listening", slog.String("addr", mln.Addr().String()))
 		go metricsSrv.Serve(mln) //nolint:errcheck // ErrServerClosed at shutdown
-		defer metricsSrv.Close()  //nolint:errcheck // at exit
+		defer metricsSrv.Close() //nolint:errcheck // at exit
 	}
 	ln, err := net.Listen("tcp", opts.addr)
 	if err != nil {
