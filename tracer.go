@@ -448,7 +448,6 @@ type TraceMessageEndData struct {
 
 // classifyOperation names the outcome of Engine.Do from what it returns.
 func classifyOperation(ctx context.Context, out Outcome, err error) OperationOutcome {
-	var panicked *PanicError
 	switch {
 	case err == nil && out.Replayed:
 		return OutcomeReplayed
@@ -462,7 +461,7 @@ func classifyOperation(ctx context.Context, out Outcome, err error) OperationOut
 		return OutcomeFingerprintMismatch
 	case errors.Is(err, ErrLeaseLost):
 		return OutcomeLeaseLost
-	case errors.As(err, &panicked), errors.Is(err, errGoexit):
+	case isPanic(err), errors.Is(err, errGoexit):
 		return OutcomeHandlerPanic
 	case errors.Is(err, ErrClosed):
 		return OutcomeClosed
@@ -474,6 +473,14 @@ func classifyOperation(ctx context.Context, out Outcome, err error) OperationOut
 		return OutcomeCancelled
 	}
 	return OutcomeHandlerError
+}
+
+// isPanic reports whether err is a *PanicError. A function of its own:
+// the target of errors.As is allocated where it is declared, which
+// classifyOperation must not pay for the answers that are no error.
+func isPanic(err error) bool {
+	var panicked *PanicError
+	return errors.As(err, &panicked)
 }
 
 // opTrace collects, during one traced Engine.Do, what the end data needs
