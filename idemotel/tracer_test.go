@@ -178,15 +178,15 @@ func TestRequestSpan(t *testing.T) {
 			idemotel.KeyStatus:   attribute.IntValue(http.StatusCreated),
 		} {
 			if got, ok := attr(s, key); !ok || got != want {
-				t.Errorf("span %d: %s = %v (set %v), want %v", i, key, got.Emit(), ok, want.Emit())
+				t.Errorf("span %d: %s = %v (set %v), want %v", i, key, got.String(), ok, want.String())
 			}
 		}
 		if _, ok := attr(s, idemotel.KeyTenant); ok {
 			t.Errorf("span %d records the tenant without RecordTenant", i)
 		}
 		for _, a := range s.Attributes() {
-			if strings.Contains(a.Value.Emit(), key) || strings.Contains(a.Value.Emit(), "acme") {
-				t.Errorf("span %d: %s = %q holds the key or the tenant", i, a.Key, a.Value.Emit())
+			if strings.Contains(a.Value.String(), key) || strings.Contains(a.Value.String(), "acme") {
+				t.Errorf("span %d: %s = %q holds the key or the tenant", i, a.Key, a.Value.String())
 			}
 		}
 	}
@@ -220,7 +220,7 @@ func TestRecordTenant(t *testing.T) {
 		t.Fatalf("%d request spans", len(reqs))
 	}
 	if v, ok := attr(reqs[0], idemotel.KeyTenant); !ok || v.AsString() != "acme" {
-		t.Fatalf("idem.tenant = %v, %v", v.Emit(), ok)
+		t.Fatalf("idem.tenant = %v, %v", v.String(), ok)
 	}
 }
 
@@ -358,7 +358,7 @@ func TestClientAttempts(t *testing.T) {
 		t.Error("the first attempt has a resend count")
 	}
 	if v, ok := attr(attempts[1], idemotel.KeyResendCount); !ok || v.AsInt64() != 1 {
-		t.Errorf("second attempt: resend count %v %v, want 1", v.Emit(), ok)
+		t.Errorf("second attempt: resend count %v %v, want 1", v.String(), ok)
 	}
 	if got := e.sum(t, "idem.client.retries", idemotel.KeyRetryReason.String("unavailable")); got != 1 {
 		t.Errorf("retries{unavailable} = %d", got)
@@ -380,7 +380,7 @@ func TestPurgeSpan(t *testing.T) {
 		t.Fatalf("%d purge spans", len(passes))
 	}
 	if v, ok := attr(passes[0], idemotel.KeyPurgeDeleted); !ok || v.AsInt64() != 0 {
-		t.Errorf("deleted = %v", v.Emit())
+		t.Errorf("deleted = %v", v.String())
 	}
 	if got := e.sum(t, "idem.purge.passes", idemotel.KeyPurgeResult.String("ok")); got != 1 {
 		t.Errorf("purge passes = %d", got)
