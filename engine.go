@@ -347,16 +347,9 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *Clai
 			x.abandon(errGoexit)
 		}
 	}()
-	if t != nil {
-		t.execStart = time.Now()
-	}
 	res, err := callHandler(x.rc, fn)
 	returned = true
-	out, err := x.finish(res, err)
-	if t != nil {
-		t.execution = time.Since(t.execStart)
-	}
-	return out, err
+	return x.finish(res, err)
 }
 
 // errGoexit stands for the handler's runtime.Goexit in logs.

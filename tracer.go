@@ -127,12 +127,6 @@ type TraceOperationEndData struct {
 	// ResponseBytes is the size of the stored body: what was stored, for
 	// an execution; what was replayed, for a replay.
 	ResponseBytes int
-	// Execution is how long the function and the completion took, from
-	// the function's start to the commit; zero when the function did not
-	// run.
-	Execution time.Duration
-	// Duration is how long Engine.Do took.
-	Duration time.Duration
 	// Err is what Engine.Do returned.
 	Err error
 }
@@ -408,8 +402,6 @@ type TraceRequestEndData struct {
 	// Status is the status sent; 0 when the request passed through (the
 	// front end did not watch the answer).
 	Status int
-	// Duration is the whole request in the front end.
-	Duration time.Duration
 	// Execution is how long the handler and the completion took; zero
 	// when the handler did not run under the engine.
 	Execution time.Duration
@@ -441,9 +433,8 @@ type TraceMessageEndData struct {
 	Consumer string
 	// Action is what the broker was told: "ack", "ack-duplicate",
 	// "ack-poison", "nack", "reject" or "hold" (ideminbox.Action).
-	Action   string
-	Duration time.Duration
-	Err      error
+	Action string
+	Err    error
 }
 
 // classifyOperation names the outcome of Engine.Do from what it returns.
@@ -487,14 +478,11 @@ func isPanic(err error) bool {
 // beyond Do's answer.
 type opTrace struct {
 	takeover    bool
-	completedAt time.Time     // of the replayed record
-	execStart   time.Time     // the function's start
-	execution   time.Duration // the function and the completion
+	completedAt time.Time // of the replayed record
 }
 
 // doTraced is Engine.Do under the tracer.
 func (e *Engine) doTraced(ctx context.Context, op Operation, fn func(ctx context.Context) (Result, error)) (Outcome, error) {
-	start := time.Now()
 	ctx = e.tracer.TraceOperationStart(ctx, TraceOperationStartData{Tenant: op.Tenant, Key: op.Key, Store: e.info.Name})
 	var t opTrace
 	ended := false
@@ -503,18 +491,16 @@ func (e *Engine) doTraced(ctx context.Context, op Operation, fn func(ctx context
 			// The function ended its goroutine (runtime.Goexit), or a
 			// store panicked: Do does not return, the trace still ends.
 			e.tracer.TraceOperationEnd(ctx, TraceOperationEndData{Outcome: OutcomeHandlerPanic, Store: e.info.Name,
-				Takeover: t.takeover, Duration: time.Since(start), Err: errGoexit})
+				Takeover: t.takeover, Err: errGoexit})
 		}
 	}()
 	out, err := e.do(ctx, op, fn, &t)
 	ended = true
 	end := TraceOperationEndData{
-		Outcome:   classifyOperation(ctx, out, err),
-		Store:     e.info.Name,
-		Takeover:  t.takeover,
-		Execution: t.execution,
-		Duration:  time.Since(start),
-		Err:       err,
+		Outcome:  classifyOperation(ctx, out, err),
+		Store:    e.info.Name,
+		Takeover: t.takeover,
+		Err:      err,
 	}
 	if end.Outcome == OutcomeReplayed || end.Outcome == OutcomeExecuted {
 		end.ResponseBytes = len(out.Result.Body)

@@ -19,7 +19,6 @@ type requestTrace struct {
 
 // serveTraced is serve under the engine's RequestTracer.
 func (m *Middleware) serveTraced(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	start := time.Now()
 	route := m.route(r, r.Pattern)
 	t := requestTrace{ctx: m.tracer.TraceRequestStart(r.Context(), idem.TraceRequestStartData{Method: r.Method, Route: route})}
 	outcome, status := idem.RequestHandlerPanic, 0
@@ -34,7 +33,7 @@ func (m *Middleware) serveTraced(w http.ResponseWriter, r *http.Request, next ht
 		// a broken connection.
 		m.tracer.TraceRequestEnd(t.ctx, idem.TraceRequestEndData{
 			Method: r.Method, Route: route, Outcome: outcome, Status: status,
-			Duration: time.Since(start), Execution: t.execution, Err: t.err,
+			Execution: t.execution, Err: t.err,
 		})
 	}()
 	outcome, status = m.serve(w, r, next, &t)

@@ -2,16 +2,14 @@ package ideminbox
 
 import (
 	"context"
-	"time"
 
 	"github.com/idem-go/idem"
 )
 
 // processTraced is Process under the engine's MessageTracer.
 func (in *Inbox) processTraced(ctx context.Context, msg Message, handler HandlerFunc) (Decision, error) {
-	start := time.Now()
 	ctx = in.tracer.TraceMessageStart(ctx, idem.TraceMessageStartData{Consumer: in.config.Consumer, Subject: msg.Subject, Attempt: msg.Attempt})
 	d, err := in.process(ctx, msg, handler)
-	in.tracer.TraceMessageEnd(ctx, idem.TraceMessageEndData{Consumer: in.config.Consumer, Action: d.Action.String(), Duration: time.Since(start), Err: err})
+	in.tracer.TraceMessageEnd(ctx, idem.TraceMessageEndData{Consumer: in.config.Consumer, Action: d.Action.String(), Err: err})
 	return d, err
 }

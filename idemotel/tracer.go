@@ -105,6 +105,7 @@ type Tracer struct {
 	purgeOK     metric.MeasurementOption
 	purgeFailed metric.MeasurementOption
 	stores      cowMap[string, *storeSets]
+	lastStore   atomic.Pointer[namedStore[*storeSets]]
 	routes      cowMap[routeKey, *routeSets]
 	consumers   cowMap[string, *consumerSets]
 }
@@ -511,6 +512,23 @@ type storeSets struct {
 }
 
 func (t *Tracer) store(name string) *storeSets {
+	// One store per engine, most often one in all: the last one saves
+	// the map's hashing.
+	if last := t.lastStore.Load(); last != nil && last.name == name {
+		return last.children
+	}
+	children := t.storeOf(name)
+	t.lastStore.Store(&namedStore[*storeSets]{name, children})
+	return children
+}
+
+// namedStore is the last store looked up.
+type namedStore[V any] struct {
+	name     string
+	children V
+}
+
+func (t *Tracer) storeOf(name string) *storeSets {
 	return t.stores.get(name, func() *storeSets {
 		outcomes, ops, results := idem.OperationOutcomes(), idem.StoreOperations(), idem.StoreResults()
 		s := &storeSets{operations: make([]metric.MeasurementOption, len(outcomes)+1), calls: make([][]metric.MeasurementOption, len(ops)+1)}

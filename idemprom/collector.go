@@ -106,6 +106,7 @@ type Collector struct {
 	purgeOK         prometheus.Counter
 	purgeFailed     prometheus.Counter
 	stores          cowMap[string, *storeChildren]
+	lastStore       atomic.Pointer[namedStore[*storeChildren]]
 	routes          cowMap[routeKey, *routeChildren]
 	consumers       cowMap[string, *consumerChildren]
 	maxRoutes       int
@@ -268,6 +269,23 @@ type storeChildren struct {
 }
 
 func (c *Collector) store(name string) *storeChildren {
+	// One store per engine, most often one in all: the last one saves
+	// the map's hashing.
+	if last := c.lastStore.Load(); last != nil && last.name == name {
+		return last.children
+	}
+	children := c.storeOf(name)
+	c.lastStore.Store(&namedStore[*storeChildren]{name, children})
+	return children
+}
+
+// namedStore is the last store looked up.
+type namedStore[V any] struct {
+	name     string
+	children V
+}
+
+func (c *Collector) storeOf(name string) *storeChildren {
 	return c.stores.get(name, func() *storeChildren {
 		s := &storeChildren{
 			operations: make([]prometheus.Counter, numOperationOutcomes),

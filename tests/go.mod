@@ -8,6 +8,8 @@ require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
 
 require github.com/idem-go/idem/idemprom v0.0.0-00010101000000-000000000000
 
+require github.com/idem-go/idem/idemotel v0.0.0-00010101000000-000000000000
+
 require github.com/idem-go/idem/idemredis v0.0.0-00010101000000-000000000000
 
 require github.com/idem-go/idem/idempg v0.0.0-00010101000000-000000000000
@@ -23,6 +25,10 @@ require (
 	github.com/prometheus/client_model v0.6.3
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stripe/stripe-go/v82 v82.5.1
+	go.opentelemetry.io/otel v1.47.0
+	go.opentelemetry.io/otel/sdk v1.47.0
+	go.opentelemetry.io/otel/sdk/metric v1.47.0
+	go.opentelemetry.io/otel/trace v1.47.0
 	modernc.org/sqlite v1.62.0
 )
 
@@ -31,6 +37,8 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
+	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
@@ -41,6 +49,9 @@ require (
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
+	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/otel/log v1.47.0 // indirect
+	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
@@ -69,3 +80,5 @@ replace github.com/idem-go/idem/ideminbox/idemamqp => ../ideminbox/idemamqp
 replace github.com/idem-go/idem/cmd/idem => ../cmd/idem
 
 replace github.com/idem-go/idem/idemprom => ../idemprom
+
+replace github.com/idem-go/idem/idemotel => ../idemotel

@@ -7,13 +7,19 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/idemotel"
 	"github.com/idem-go/idem/idemprom"
 )
 
@@ -32,6 +38,26 @@ var benchApp = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, `{"id":"ord_1","amount":1200,"currency":"eur"}`) //nolint:errcheck
 })
 
+// cpuTime returns the CPU time the process has used, GC included.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU adds cpu-ns/op: on a shared machine ns/op counts the time
+// spent waiting for a core too; the process's CPU time does not.
+func reportCPU(b *testing.B) func() {
+	start := cpuTime()
+	return func() {
+		if b.N > 0 {
+			b.ReportMetric(float64(cpuTime()-start)/float64(b.N), "cpu-ns/op")
+		}
+	}
+}
+
 // benchKeys is how many fresh keys run before the store starts over, as
 // in idemhttp's own benchmarks.
 const benchKeys = 1 << 12
@@ -49,6 +75,24 @@ var tracers = []struct {
 		}
 		return c
 	}},
+	{"idemotel-sampled", func(b *testing.B) idem.Tracer { return benchOtel(b, sdktrace.AlwaysSample()) }},
+	{"idemotel-unsampled", func(b *testing.B) idem.Tracer { return benchOtel(b, sdktrace.NeverSample()) }},
+}
+
+// benchOtel is idemotel on the SDK as a service would run it: spans
+// batched to an exporter (one that drops them), metrics aggregated for a
+// reader.
+func benchOtel(b *testing.B, sampler sdktrace.Sampler) idem.Tracer {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler), sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	b.Cleanup(func() { tp.Shutdown(context.Background()) }) //nolint:errcheck
+	tr, err := idemotel.New(&idemotel.Config{
+		TracerProvider: tp,
+		MeterProvider:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return tr
 }
 
 func benchHandler(b *testing.B, store idem.Store, tr idem.Tracer) http.Handler {
@@ -81,6 +125,7 @@ func BenchmarkObserveFirstExecution(b *testing.B) {
 			h := benchHandler(b, idemmem.NewStore(nil), tr)
 			i := 0
 			b.ReportAllocs()
+			defer reportCPU(b)()
 			for b.Loop() {
 				if i == len(keys) {
 					b.StopTimer()
@@ -114,6 +159,7 @@ func BenchmarkObserveReplay(b *testing.B) {
 			w := httptest.NewRecorder()
 			h.ServeHTTP(w, r)
 			b.ReportAllocs()
+			defer reportCPU(b)()
 			for b.Loop() {
 				body.Reset(benchBody)
 				w.Body.Reset()
@@ -126,5 +172,3 @@ func BenchmarkObserveReplay(b *testing.B) {
 		})
 	}
 }
-
-var _ = context.Background
