@@ -288,7 +288,7 @@ func (e *Engine) do(ctx context.Context, op Operation, fn func(ctx context.Conte
 		if t != nil {
 			t.takeover = true
 		}
-		e.traceLease(ctx, LeaseTakeover, nil)
+		e.tookOver(ctx, op, &claim)
 	}
 	return e.run(ctx, op, token, &claim, fn, t)
 }
@@ -379,7 +379,7 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 		// handler's context: report that. The key belongs to another
 		// execution now, so there is nothing to release.
 		x.rollback("lease lost", ErrLeaseLost)
-		e.traceLease(x.ctx, LeaseLost, nil)
+		e.lostLease(x.ctx, x.op, "heartbeat")
 		return Outcome{}, ErrLeaseLost
 	case errors.As(err, &panicked):
 		x.abandon(err)
@@ -452,7 +452,7 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 	}
 	_ = e.rollbackUnit(context.WithoutCancel(ctx), x.unit)
 	if errors.Is(err, ErrLeaseLost) {
-		e.traceLease(x.ctx, LeaseLost, nil)
+		e.lostLease(x.ctx, x.op, "completion")
 		e.warnRolledBack(x.ctx, x.op, "lease lost at completion", err)
 		return Outcome{}, ErrLeaseLost
 	}
@@ -501,6 +501,31 @@ func (x *execution) keepInFlight(reason string, cause error) {
 		slog.String("reason", reason), slog.String("store", e.info.Name),
 		slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key),
 		slog.Duration("lease", e.config.Lease), slog.Any("error", cause))
+}
+
+// tookOver logs and traces a claim won over an execution whose lease had
+// ended: it died, stalled, or was rolled back after recording steps.
+func (e *Engine) tookOver(ctx context.Context, op Operation, claim *ClaimResult) {
+	point := ""
+	if n := len(claim.Steps); n > 0 {
+		point = claim.Steps[n-1].Name
+	}
+	e.config.Logger.InfoContext(ctx, "idem: key taken over from an earlier execution whose lease ended",
+		slog.String("store", e.info.Name), slog.String("tenant", op.Tenant), slog.String("key", op.Key),
+		slog.String("recovery_point", point))
+	e.traceLease(ctx, LeaseTakeover, nil)
+}
+
+// lostLease logs and traces an execution whose lease was taken over, found
+// by the heartbeat or at the completion. On a transactional store
+// warnRolledBack says it too, with what was undone.
+func (e *Engine) lostLease(ctx context.Context, op Operation, foundBy string) {
+	if !e.info.Transactional {
+		e.config.Logger.WarnContext(ctx, "idem: lease lost to a takeover; the answer is discarded and the handler's effects stand",
+			slog.String("found_by", foundBy), slog.String("store", e.info.Name),
+			slog.String("tenant", op.Tenant), slog.String("key", op.Key))
+	}
+	e.traceLease(ctx, LeaseLost, nil)
 }
 
 // warnRolledBack logs that a handler ran and its work was rolled back.
