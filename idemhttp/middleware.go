@@ -197,7 +197,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if t != nil {
 		t.err = err
 		if x.ran {
-			t.execution = time.Since(x.started)
+			t.execution = monotonic() - x.started
 			t.pattern = x.pattern
 		}
 	}
@@ -293,10 +293,10 @@ type exchange struct {
 	detached detached
 	body     requestBody
 	rec      recorder
-	ran      bool      // the handler was called
-	timed    bool      // traced: started and pattern are wanted
-	started  time.Time // when the handler was called, if timed
-	pattern  string    // the pattern a ServeMux behind set on the handler's request, if timed
+	ran      bool          // the handler was called
+	timed    bool          // traced: started and pattern are wanted
+	started  time.Duration // when the handler was called (monotonic()), if timed
+	pattern  string        // the pattern a ServeMux behind set on the handler's request, if timed
 	fp       [sha256.Size]byte
 	scratch  *scratch
 }
@@ -358,7 +358,7 @@ func (x *exchange) do(ctx context.Context) (idem.Result, error) {
 	rec.start(x.w, m.config.MaxResponseBody, x.scratch.resp, x.scratch.outer)
 	x.ran = true
 	if x.timed {
-		x.started = time.Now()
+		x.started = monotonic()
 	}
 	if m.config.Mode == idem.ModeReference {
 		ctx = context.WithValue(ctx, referenceKey{}, rec)

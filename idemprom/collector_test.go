@@ -75,7 +75,7 @@ func want(t *testing.T, got map[string]float64, want map[string]float64) {
 	}
 }
 
-func newCollector(t *testing.T) (*idemprom.Collector, *prometheus.Registry) {
+func newCollector(t testing.TB) (*idemprom.Collector, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	c, err := idemprom.NewCollector(&idemprom.Config{Registerer: reg})
