@@ -46,6 +46,9 @@ func Example() {
 		mux.ServeHTTP(httptest.NewRecorder(), r)
 	}
 	for _, s := range spans.Ended() {
+		if s.Name() == "idem.purge" {
+			continue // the janitor's pass, whenever it comes
+		}
 		line := s.Name()
 		for _, a := range s.Attributes() {
 			if a.Key == idemotel.KeyOutcome {

@@ -408,7 +408,12 @@ func (t *Tracer) TracePurge(ctx context.Context, d idem.TracePurgeData) {
 // which the engine's operation reports on and the handler's spans are
 // children of.
 func (t *Tracer) TraceRequestStart(ctx context.Context, d idem.TraceRequestStartData) context.Context {
-	ctx, span := t.tracer.Start(ctx, "idem.request", trace.WithAttributes(KeyMethod.String(d.Method), KeyRoute.String(d.Route)))
+	// Attributes set once the span records: given to Start, they would be
+	// allocated for the spans the sampler drops too.
+	ctx, span := t.tracer.Start(ctx, "idem.request")
+	if span.IsRecording() {
+		span.SetAttributes(KeyMethod.String(d.Method), KeyRoute.String(d.Route))
+	}
 	return &frontCtx{Context: ctx, span: span}
 }
 
@@ -444,8 +449,10 @@ func (t *Tracer) TraceRequestEnd(ctx context.Context, d idem.TraceRequestEndData
 // "idem.message", which the engine's operation reports on and the
 // handler's spans are children of.
 func (t *Tracer) TraceMessageStart(ctx context.Context, d idem.TraceMessageStartData) context.Context {
-	ctx, span := t.tracer.Start(ctx, "idem.message", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
-		KeyConsumer.String(d.Consumer), KeyDestination.String(d.Subject)))
+	ctx, span := t.tracer.Start(ctx, "idem.message", trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() {
+		span.SetAttributes(KeyConsumer.String(d.Consumer), KeyDestination.String(d.Subject))
+	}
 	return &frontCtx{Context: ctx, span: span}
 }
 
