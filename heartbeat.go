@@ -207,20 +207,20 @@ func (k *keeper) beat(idleTicks *int) bool {
 // slow store delays no other lease.
 func (k *keeper) extend(l *lease) {
 	defer k.loops.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), k.interval)
 	var err error
-	if k.storeTracer != nil {
+	if k.storeTracer == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), k.interval)
+		err = k.store.Extend(ctx, l.params)
+		cancel()
+	} else {
 		// The handler's context carries the operation's values (its
 		// span), without its end: the extension is the keeper's.
-		tctx, s := startStore(context.WithoutCancel(l.ctx), k.storeTracer, StoreExtend, k.storeName)
-		tctx, tcancel := context.WithTimeout(tctx, k.interval)
-		err = k.store.Extend(tctx, l.params)
-		tcancel()
-		s.end(tctx, err)
-	} else {
+		ctx, s := startStore(context.WithoutCancel(l.ctx), k.storeTracer, StoreExtend, k.storeName)
+		ctx, cancel := context.WithTimeout(ctx, k.interval)
 		err = k.store.Extend(ctx, l.params)
+		cancel()
+		s.end(ctx, err)
 	}
-	cancel()
 
 	k.mu.Lock()
 	l.extending = false
