@@ -327,7 +327,7 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *Clai
 	x := &execution{e: e, ctx: ctx, op: op, token: token, unit: unit}
 	x.rc = newRunCtx(unit.Context(ctx))
 	x.rc.exec.info = Execution{Tenant: op.Tenant, Key: op.Key, LeaseToken: token, Store: e.info.Name, Takeover: claim.Takeover}
-	x.rc.exec.steps, x.rc.exec.saveTimeout = e.steps, e.config.CleanupTimeout
+	x.rc.exec.steps, x.rc.exec.saveTimeout, x.rc.exec.storeTracer = e.steps, e.config.CleanupTimeout, e.storeTracer
 	if n := len(claim.Steps); n > 0 {
 		x.rc.exec.recorded = claim.Steps
 		x.rc.exec.info.RecoveryPoint = claim.Steps[n-1].Name
@@ -370,7 +370,6 @@ func (x *execution) stopLease() (lost bool) {
 // finish decides what becomes of an execution whose function returned or
 // panicked.
 func (x *execution) finish(res Result, err error) (Outcome, error) {
-	e := x.e
 	lost := x.stopLease()
 	var panicked *PanicError
 	switch {
@@ -379,22 +378,34 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 		// handler's context: report that. The key belongs to another
 		// execution now, so there is nothing to release.
 		x.rollback("lease lost", ErrLeaseLost)
-		e.lostLease(x.ctx, x.op, "heartbeat")
+		x.e.lostLease(x.ctx, x.op, "heartbeat")
+		x.warnStepsKept("lease lost", ErrLeaseLost)
 		return Outcome{}, ErrLeaseLost
 	case errors.As(err, &panicked):
 		x.abandon(err)
 		return Outcome{}, err
+	case x.rc.exec.unsavedStep.Load() != nil:
+		// A step's effect happened and its record did not, whatever the
+		// handler answered after that (a front end's handler cannot
+		// return the error): a retry now would repeat the effect at once.
+		// The key stays held until its lease ends, which gives the store
+		// time to come back; the takeover then runs the step again, under
+		// the same downstream key (DownstreamKey).
+		cause := *x.rc.exec.unsavedStep.Load()
+		x.rollback("a step ran but was not recorded", cause)
+		x.keepInFlight("a step ran but was not recorded", cause)
+		return Outcome{}, cause
 	case err == nil && x.rc.exec.notExecuted.Load():
 		// The function says it did nothing: keep nothing, free the key.
 		x.rollback("", nil)
-		e.release(x.ctx, x.op, x.token)
+		x.release("the handler marked its answer NotExecuted after it recorded steps", nil)
 		return Outcome{Result: res, NotStored: true}, nil
 	case x.ctx.Err() != nil:
 		return x.cancelled(res, err)
 	case err != nil:
 		// The function failed and says so: nothing of it is to be kept.
 		x.rollback("the handler failed", err)
-		e.release(x.ctx, x.op, x.token)
+		x.release("the handler failed", err)
 		return Outcome{}, err
 	}
 	return x.complete(x.ctx, res)
@@ -407,7 +418,7 @@ func (x *execution) cancelled(res Result, err error) (Outcome, error) {
 	cause := x.ctx.Err()
 	if e.info.Transactional {
 		x.rollback("the caller's context ended", cause)
-		e.release(x.ctx, x.op, x.token)
+		x.release("the caller's context ended", cause)
 		if err == nil {
 			err = cause
 		}
@@ -436,12 +447,12 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 		// Store the answer without the business writes: roll them back and
 		// complete in a unit of work of its own.
 		if err := e.rollbackUnit(ctx, x.unit); err != nil {
-			e.release(x.ctx, x.op, x.token)
+			x.release("the rollback of the business writes failed", err)
 			return Outcome{}, storeError("rollback", err)
 		}
 		next, err := e.begin(ctx)
 		if err != nil {
-			e.release(x.ctx, x.op, x.token)
+			x.release("the unit of work for the answer could not begin", err)
 			return Outcome{}, storeError("begin", err)
 		}
 		x.unit = next
@@ -451,9 +462,18 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 		return Outcome{Result: res}, nil
 	}
 	_ = e.rollbackUnit(context.WithoutCancel(ctx), x.unit)
+	if errors.Is(err, ErrWritesAborted) {
+		// The handler's own failure, not the store's: it answered a
+		// success whose writes a failed statement had undone.
+		x.e.config.Logger.ErrorContext(x.ctx, "idem: the handler answered a success after a failed statement aborted its transaction; nothing stored, key released",
+			slog.String("store", e.info.Name), slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key), slog.Int("status", res.Status))
+		e.release(x.ctx, x.op, x.token)
+		return Outcome{}, err
+	}
 	if errors.Is(err, ErrLeaseLost) {
 		e.lostLease(x.ctx, x.op, "completion")
 		e.warnRolledBack(x.ctx, x.op, "lease lost at completion", err)
+		x.warnStepsKept("lease lost at completion", err)
 		return Outcome{}, ErrLeaseLost
 	}
 	if !e.info.Transactional {
@@ -466,7 +486,7 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 	// mid-commit). Release is fenced on the in-flight state and the
 	// token, so it deletes nothing if the completion did commit.
 	e.warnRolledBack(x.ctx, x.op, "the completion failed", err)
-	e.release(x.ctx, x.op, x.token)
+	x.release("the completion failed", err)
 	return Outcome{}, storeError("complete", err)
 }
 
@@ -481,7 +501,38 @@ func (x *execution) abandon(cause error) {
 		return
 	}
 	x.rollback("the handler did not return", cause)
+	x.release("the handler did not return", cause)
+}
+
+// release gives the key back after a failed execution: a record that
+// holds steps is kept by the store, its lease ended, which warnStepsKept
+// says.
+func (x *execution) release(reason string, cause error) {
+	x.warnStepsKept(reason, cause)
 	x.e.release(x.ctx, x.op, x.token)
+}
+
+// warnStepsKept logs, when this execution recorded steps (Step), that it
+// ends without completing and its steps stay with the key: the execution
+// that takes the key over gets their results instead of running them
+// again, and a retry with another request under the key is refused.
+func (x *execution) warnStepsKept(reason string, cause error) {
+	st := &x.rc.exec
+	st.mu.Lock()
+	saved := st.savedSteps
+	names := make([]string, 0, len(st.recorded))
+	for _, s := range st.recorded {
+		names = append(names, s.Name)
+	}
+	st.mu.Unlock()
+	if !saved {
+		return
+	}
+	e := x.e
+	e.config.Logger.WarnContext(x.ctx, "idem: the execution recorded steps and ends without completing; the steps are kept with the key, and a retry of the same request takes it over and gets their results instead of running them again",
+		slog.String("reason", reason), slog.String("store", e.info.Name),
+		slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key),
+		slog.Any("steps", names), slog.Any("error", cause))
 }
 
 // rollback abandons the unit of work, and says so when the handler ran
@@ -501,6 +552,7 @@ func (x *execution) keepInFlight(reason string, cause error) {
 		slog.String("reason", reason), slog.String("store", e.info.Name),
 		slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key),
 		slog.Duration("lease", e.config.Lease), slog.Any("error", cause))
+	x.warnStepsKept(reason, cause)
 }
 
 // tookOver logs and traces a claim won over an execution whose lease had

@@ -135,7 +135,10 @@ func cutField(b []byte) (field, rest []byte, err error) {
 // names. When fn fails, nothing is recorded and its error is returned: a
 // retry runs fn again. When fn succeeded but its result could not be
 // recorded, Step returns its result with an error wrapping ErrStepNotSaved;
-// return that error from the handler.
+// return that error from the handler. Whatever the handler answers then,
+// nothing is stored and the engine keeps the key in flight until its lease
+// ends, instead of releasing it to a retry that would repeat the effect at
+// once; Engine.Do returns the ErrStepNotSaved error.
 //
 // One window remains: a crash after fn's effect and before its record
 // commits. A retry then runs fn again, which is why fn should pass a
@@ -167,17 +170,21 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	}
 	value, err := json.Marshal(out)
 	if err != nil {
-		return out, fmt.Errorf("%w: step %q: its result does not encode as JSON: %w", ErrStepNotSaved, name, err)
+		err = fmt.Errorf("%w: step %q: its result does not encode as JSON: %w", ErrStepNotSaved, name, err)
+		st.unsavedStep.CompareAndSwap(nil, &err)
+		return out, err
 	}
 	// The effect happened: record it even if the caller's context ended
 	// meanwhile, bounded by the engine's CleanupTimeout.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), st.saveTimeout)
 	defer cancel()
-	if err := st.steps.SaveStep(sctx, SaveStepParams{
+	if err := st.saveStep(sctx, SaveStepParams{
 		Tenant: st.info.Tenant, Key: st.info.Key, Token: st.info.LeaseToken,
 		Name: name, Value: value,
 	}); err != nil {
-		return out, fmt.Errorf("%w: step %q: %w", ErrStepNotSaved, name, err)
+		err = fmt.Errorf("%w: step %q: %w", ErrStepNotSaved, name, err)
+		st.unsavedStep.CompareAndSwap(nil, &err)
+		return out, err
 	}
 	st.mu.Lock()
 	st.recorded = append(st.recorded, RecordedStep{Name: name, Value: value})

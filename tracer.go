@@ -80,6 +80,9 @@ const (
 	OutcomeInvalidKey
 	// OutcomeClosed: the engine was closed (ErrClosed).
 	OutcomeClosed
+	// OutcomeStepNotSaved: a step (Step) ran but its result was not
+	// recorded (ErrStepNotSaved); the key is held until its lease ends.
+	OutcomeStepNotSaved
 
 	numOperationOutcomes = iota
 )
@@ -87,13 +90,13 @@ const (
 var operationOutcomeNames = [...]string{
 	"unknown", "executed", "replayed", "in_flight", "fingerprint_mismatch", "lease_lost",
 	"store_unavailable", "handler_error", "handler_panic", "cancelled", "not_executed",
-	"invalid_key", "closed",
+	"invalid_key", "closed", "step_not_saved",
 }
 
 // String returns the outcome's name: "executed", "replayed", "in_flight",
 // "fingerprint_mismatch", "lease_lost", "store_unavailable",
 // "handler_error", "handler_panic", "cancelled", "not_executed",
-// "invalid_key" or "closed".
+// "invalid_key", "closed" or "step_not_saved".
 func (o OperationOutcome) String() string {
 	if int(o) < len(operationOutcomeNames) {
 		return operationOutcomeNames[o]
@@ -105,7 +108,7 @@ func (o OperationOutcome) String() string {
 // label values ahead.
 func OperationOutcomes() []OperationOutcome {
 	out := make([]OperationOutcome, 0, numOperationOutcomes)
-	for o := OutcomeExecuted; o <= OutcomeClosed; o++ {
+	for o := OutcomeExecuted; o <= OutcomeStepNotSaved; o++ {
 		out = append(out, o)
 	}
 	return out
@@ -145,14 +148,16 @@ const (
 	StoreExtend
 	StoreGet
 	StorePurge
+	// StoreSaveStep is StepStore.SaveStep, recording a step's result.
+	StoreSaveStep
 
 	numStoreOperations = iota
 )
 
-var storeOperationNames = [...]string{"unknown", "claim", "begin", "complete", "rollback", "release", "extend", "get", "purge"}
+var storeOperationNames = [...]string{"unknown", "claim", "begin", "complete", "rollback", "release", "extend", "get", "purge", "save_step"}
 
 // String returns "claim", "begin", "complete", "rollback", "release",
-// "extend", "get" or "purge".
+// "extend", "get", "purge" or "save_step".
 func (o StoreOperation) String() string {
 	if int(o) < len(storeOperationNames) {
 		return storeOperationNames[o]
@@ -163,7 +168,7 @@ func (o StoreOperation) String() string {
 // StoreOperations returns every store operation.
 func StoreOperations() []StoreOperation {
 	out := make([]StoreOperation, 0, numStoreOperations)
-	for o := StoreClaim; o <= StorePurge; o++ {
+	for o := StoreClaim; o <= StoreSaveStep; o++ {
 		out = append(out, o)
 	}
 	return out
@@ -341,8 +346,11 @@ const (
 	// sent broken, not stored.
 	RequestIncomplete
 	// RequestInternalError: 500, any other failure (an invalid tenant, a
-	// closed engine).
+	// closed engine, a success answered after a failed SQL statement).
 	RequestInternalError
+	// RequestStepNotSaved: 503, a step ran but its result was not
+	// recorded; the key is held until its lease ends.
+	RequestStepNotSaved
 
 	numRequestOutcomes = iota
 )
@@ -352,7 +360,7 @@ var requestOutcomeNames = [...]string{
 	"lease_lost", "store_unavailable", "key_required", "invalid_key", "request_too_large",
 	"response_too_large", "handler_panic", "request_cancelled", "replay_failed",
 	"not_executed", "released", "unauthenticated", "request_unreadable", "incomplete",
-	"internal_error",
+	"internal_error", "step_not_saved",
 }
 
 // String returns the outcome's label value (see the constants).
@@ -366,7 +374,7 @@ func (o RequestOutcome) String() string {
 // RequestOutcomes returns every request outcome.
 func RequestOutcomes() []RequestOutcome {
 	out := make([]RequestOutcome, 0, numRequestOutcomes)
-	for o := RequestExecuted; o <= RequestInternalError; o++ {
+	for o := RequestExecuted; o <= RequestStepNotSaved; o++ {
 		out = append(out, o)
 	}
 	return out
@@ -458,6 +466,8 @@ func classifyOperation(ctx context.Context, out Outcome, err error) OperationOut
 		return OutcomeClosed
 	case errors.Is(err, ErrInvalidKey):
 		return OutcomeInvalidKey
+	case errors.Is(err, ErrStepNotSaved):
+		return OutcomeStepNotSaved
 	case errors.Is(err, ErrStore):
 		return OutcomeStoreUnavailable
 	case ctx.Err() != nil:
@@ -611,6 +621,17 @@ func (e *Engine) rollbackUnit(ctx context.Context, unit UnitOfWork) error {
 
 func (e *Engine) releaseKey(ctx context.Context, p ReleaseParams) error {
 	return releaseTraced(ctx, e.store, e.storeTracer, e.info.Name, p)
+}
+
+// saveStep is StepStore.SaveStep, traced when the tracer is a StoreTracer.
+func (st *execState) saveStep(ctx context.Context, p SaveStepParams) error {
+	if st.storeTracer == nil {
+		return st.steps.SaveStep(ctx, p)
+	}
+	ctx, s := startStore(ctx, st.storeTracer, StoreSaveStep, st.info.Store)
+	err := st.steps.SaveStep(ctx, p)
+	s.end(ctx, err)
+	return err
 }
 
 func releaseTraced(ctx context.Context, store Store, st StoreTracer, name string, p ReleaseParams) error {

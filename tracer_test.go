@@ -117,6 +117,15 @@ func TestTracerSeesEveryOutcome(t *testing.T) {
 			_, err := engine.Do(ctx, idem.Operation{Key: "d"}, func(ctx context.Context) (idem.Result, error) { panic("boom") })
 			return err
 		}, []string{"start d", "claim ok r", "begin ok r", "rollback ok r", "end handler_panic"}},
+		{"step", func() error {
+			_, err := engine.Do(ctx, idem.Operation{Key: "s"}, func(ctx context.Context) (idem.Result, error) {
+				if _, err := idem.Step(ctx, "charge", func(ctx context.Context) (string, error) { return "ch_1", nil }); err != nil {
+					return idem.Result{}, err
+				}
+				return idem.Result{Status: 201}, nil
+			})
+			return err
+		}, []string{"start s", "claim ok r", "begin ok r", "save_step ok r", "complete ok r", "end executed"}},
 		{"invalid key", func() error { _, err := engine.Do(ctx, idem.Operation{Key: ""}, ok("")); return err },
 			[]string{"start ", "end invalid_key"}},
 	} {
@@ -247,3 +256,32 @@ func (nopTracer) TraceStoreStart(ctx context.Context, _ idem.TraceStoreStartData
 	return ctx
 }
 func (nopTracer) TraceStoreEnd(context.Context, idem.TraceStoreEndData) {}
+
+// refusingSteps is an idemmem store whose SaveStep fails, as a store that
+// went away between the step's effect and its record.
+type refusingSteps struct{ *idemmem.Store }
+
+func (refusingSteps) SaveStep(context.Context, idem.SaveStepParams) error {
+	return errors.New("connection reset")
+}
+
+// TestStepNotSavedTraced: a step whose record failed is a failed
+// save_step call and the operation's step_not_saved outcome.
+func TestStepNotSavedTraced(t *testing.T) {
+	rec := &recorder{name: "r"}
+	engine, err := idem.NewEngine(refusingSteps{idemmem.NewStore(nil)}, &idem.Config{Tracer: rec, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = engine.Do(context.Background(), idem.Operation{Key: "s"}, func(ctx context.Context) (idem.Result, error) {
+		idem.Step(ctx, "charge", func(ctx context.Context) (string, error) { return "ch_1", nil }) //nolint:errcheck // the engine sees it
+		return idem.Result{Status: 201}, nil
+	})
+	if !errors.Is(err, idem.ErrStepNotSaved) {
+		t.Fatalf("Do: %v, want ErrStepNotSaved", err)
+	}
+	want := "start s|claim ok r|begin ok r|save_step error r|rollback ok r|end step_not_saved"
+	if got := strings.Join(rec.take(), "|"); got != want {
+		t.Fatalf("traced %s, want %s", got, want)
+	}
+}

@@ -10,6 +10,8 @@ require github.com/idem-go/idem/idempg v0.0.0-00010101000000-000000000000
 
 require github.com/idem-go/idem/idemsql v0.0.0-00010101000000-000000000000
 
+require github.com/idem-go/idem/cmd/idem v0.0.0-00010101000000-000000000000
+
 require github.com/idem-go/idem/ideminbox/idemjetstream v0.0.0-00010101000000-000000000000
 
 require (
@@ -31,10 +33,11 @@ require (
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
-	github.com/stretchr/testify v1.12.1 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
+	golang.org/x/term v0.48.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect

@@ -16,7 +16,7 @@ import (
 	"github.com/idem-go/idem/internal/fieldtext"
 )
 
-// Middleware protects handlers with idempotency keys. Build it with New;
+// Middleware protects handlers with idempotency keys. Build it with NewMiddleware;
 // it is safe for concurrent use.
 type Middleware struct {
 	config     Config
@@ -633,6 +633,17 @@ func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) (idem
 		return idem.RequestStoreUnavailable, writeProblem(w, p.storeUnavailable)
 	case errors.Is(err, idem.ErrInvalidKey):
 		return idem.RequestInvalidKey, writeProblem(w, problemInvalidKey)
+	case errors.Is(err, idem.ErrStepNotSaved):
+		// A step's effect stands without its record: the key is held
+		// until its lease ends, then a retry takes it over.
+		log.ErrorContext(ctx, "idemhttp: a step ran but its result was not recorded; answer discarded, key held until its lease ends",
+			slog.String("key", op.Key), slog.Any("error", err))
+		w.Header()["Retry-After"] = m.retryAfter
+		return idem.RequestStepNotSaved, writeProblem(w, p.storeUnavailableRan)
+	case errors.Is(err, idem.ErrWritesAborted):
+		log.ErrorContext(ctx, "idemhttp: the handler answered a success after a failed SQL statement aborted its transaction; answer discarded, key released",
+			slog.String("key", op.Key))
+		return idem.RequestInternalError, writeProblem(w, problemInternal)
 	}
 	log.ErrorContext(ctx, "idemhttp: unexpected engine error", slog.String("key", op.Key), slog.Any("error", err))
 	return idem.RequestInternalError, writeProblem(w, problemInternal)

@@ -239,7 +239,8 @@ func KeyHash(tenant, key string) string {
 // server (an error status on its span), not an answer to the caller.
 func failed(o idem.OperationOutcome) bool {
 	switch o {
-	case idem.OutcomeLeaseLost, idem.OutcomeStoreUnavailable, idem.OutcomeHandlerError, idem.OutcomeHandlerPanic:
+	case idem.OutcomeLeaseLost, idem.OutcomeStoreUnavailable, idem.OutcomeHandlerError, idem.OutcomeHandlerPanic,
+		idem.OutcomeStepNotSaved:
 		return true
 	}
 	return false
@@ -248,7 +249,7 @@ func failed(o idem.OperationOutcome) bool {
 func requestFailed(o idem.RequestOutcome) bool {
 	switch o {
 	case idem.RequestLeaseLost, idem.RequestStoreUnavailable, idem.RequestResponseTooLarge, idem.RequestHandlerPanic,
-		idem.RequestReplayFailed, idem.RequestIncomplete, idem.RequestInternalError:
+		idem.RequestReplayFailed, idem.RequestIncomplete, idem.RequestInternalError, idem.RequestStepNotSaved:
 		return true
 	}
 	return false

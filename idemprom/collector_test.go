@@ -295,7 +295,7 @@ func TestHeartbeatFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = engine.Do(context.Background(), idem.Operation{Key: "k"}, func(ctx context.Context) (idem.Result, error) {
-		for store.calls.Load() < 3 {
+		for metrics(t, reg)["idem_heartbeat_failures_total"] < 3 {
 			time.Sleep(time.Millisecond)
 		}
 		store.failing.Store(false)
@@ -309,8 +309,11 @@ func TestHeartbeatFailures(t *testing.T) {
 	}
 	m := metrics(t, reg)
 	failed := m["idem_store_operation_duration_seconds_count{operation=extend,result=error,store=memory}"]
-	if failed < 3 || m["idem_heartbeat_failures_total"] != failed {
-		t.Fatalf("heartbeat failures %v, extend errors %v: want the same, at least 3", m["idem_heartbeat_failures_total"], failed)
+	// Every failed extension is a failed store call; it is a heartbeat
+	// failure while the handler runs. One may have been under way as the
+	// handler returned.
+	if beats := m["idem_heartbeat_failures_total"]; beats < 3 || failed-beats < 0 || failed-beats > 1 {
+		t.Fatalf("heartbeat failures %v, extend errors %v: want at least 3, and one less at most", beats, failed)
 	}
 }
 
