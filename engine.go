@@ -52,6 +52,14 @@ type Config struct {
 	// failures, work rolled back after the handler ran). Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+
+	// Tracer observes every operation, and, when it implements the
+	// optional interfaces (StoreTracer, LeaseTracer, RequestTracer,
+	// MessageTracer), the store calls, the lease events, and the requests
+	// and messages of idemhttp and ideminbox over this engine. idemprom
+	// and idemotel provide tracers; MultiTracer combines them. Defaults to
+	// none, which costs nothing.
+	Tracer Tracer
 }
 
 func (c *Config) withDefaults() Config {
@@ -93,6 +101,10 @@ type Engine struct {
 	keeper *keeper   // nil when the heartbeat is off
 	late   *lateReleases
 
+	tracer      Tracer      // nil: not traced
+	storeTracer StoreTracer // the tracer, when it observes store calls
+	leaseTracer LeaseTracer // the tracer, when it observes lease events
+
 	running atomic.Int64  // executions inside Do
 	closed  atomic.Bool   // Close was called
 	idle    chan struct{} // signalled when running drops to zero after Close
@@ -107,10 +119,13 @@ func NewEngine(store Store, config *Config) (*Engine, error) {
 		store:  store,
 		info:   store.Info(),
 		config: config.withDefaults(),
-		late:   newLateReleases(store),
 		idle:   make(chan struct{}, 1),
 	}
 	e.steps, _ = store.(StepStore)
+	e.tracer = e.config.Tracer
+	e.storeTracer, _ = e.tracer.(StoreTracer)
+	e.leaseTracer, _ = e.tracer.(LeaseTracer)
+	e.late = newLateReleases(store, e.storeTracer, e.info.Name, e.config.Logger)
 	if e.config.Heartbeat >= e.config.Lease {
 		// The lease would end before its first extension: every handler
 		// slower than the lease would lose its key, the very thing the
@@ -120,6 +135,7 @@ func NewEngine(store Store, config *Config) (*Engine, error) {
 	}
 	if e.config.Heartbeat > 0 {
 		e.keeper = newKeeper(store, e.config.Heartbeat, e.config.Logger)
+		e.keeper.storeName, e.keeper.storeTracer, e.keeper.leaseTracer = e.info.Name, e.storeTracer, e.leaseTracer
 	}
 	return e, nil
 }
@@ -230,6 +246,14 @@ type Outcome struct {
 // Store failures come back as *StoreError; when the claim fails, fn does
 // not run. After Close, Do returns ErrClosed.
 func (e *Engine) Do(ctx context.Context, op Operation, fn func(ctx context.Context) (Result, error)) (Outcome, error) {
+	if e.tracer != nil {
+		return e.doTraced(ctx, op, fn)
+	}
+	return e.do(ctx, op, fn, nil)
+}
+
+// do is Do; t collects what a tracer reports, when there is one.
+func (e *Engine) do(ctx context.Context, op Operation, fn func(ctx context.Context) (Result, error), t *opTrace) (Outcome, error) {
 	if err := ValidateKey(op.Key); err != nil {
 		return Outcome{}, err
 	}
@@ -238,7 +262,7 @@ func (e *Engine) Do(ctx context.Context, op Operation, fn func(ctx context.Conte
 	}
 	defer e.exit()
 	token := newToken()
-	claim, err := e.store.Claim(ctx, ClaimParams{
+	claim, err := e.claim(ctx, ClaimParams{
 		Tenant:      op.Tenant,
 		Key:         op.Key,
 		Fingerprint: op.Fingerprint,
@@ -255,9 +279,18 @@ func (e *Engine) Do(ctx context.Context, op Operation, fn func(ctx context.Conte
 		return Outcome{}, storeError("claim", err)
 	}
 	if !claim.Won {
+		if t != nil && claim.Record != nil {
+			t.completedAt = claim.Record.CompletedAt
+		}
 		return decide(claim.Record, op.Fingerprint)
 	}
-	return e.run(ctx, op, token, &claim, fn)
+	if claim.Takeover {
+		if t != nil {
+			t.takeover = true
+		}
+		e.tookOver(ctx, op, &claim)
+	}
+	return e.run(ctx, op, token, &claim, fn, t)
 }
 
 // decide answers a lost claim from the record that holds the key.
@@ -285,8 +318,8 @@ type execution struct {
 	held  *lease // nil when the heartbeat is off
 }
 
-func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *ClaimResult, fn func(ctx context.Context) (Result, error)) (Outcome, error) {
-	unit, err := e.store.Begin(ctx)
+func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *ClaimResult, fn func(ctx context.Context) (Result, error), t *opTrace) (Outcome, error) {
+	unit, err := e.begin(ctx)
 	if err != nil {
 		e.release(ctx, op, token)
 		return Outcome{}, storeError("begin", err)
@@ -294,7 +327,7 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *Clai
 	x := &execution{e: e, ctx: ctx, op: op, token: token, unit: unit}
 	x.rc = newRunCtx(unit.Context(ctx))
 	x.rc.exec.info = Execution{Tenant: op.Tenant, Key: op.Key, LeaseToken: token, Store: e.info.Name, Takeover: claim.Takeover}
-	x.rc.exec.steps, x.rc.exec.saveTimeout = e.steps, e.config.CleanupTimeout
+	x.rc.exec.steps, x.rc.exec.saveTimeout, x.rc.exec.storeTracer = e.steps, e.config.CleanupTimeout, e.storeTracer
 	if n := len(claim.Steps); n > 0 {
 		x.rc.exec.recorded = claim.Steps
 		x.rc.exec.info.RecoveryPoint = claim.Steps[n-1].Name
@@ -345,6 +378,7 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 		// handler's context: report that. The key belongs to another
 		// execution now, so there is nothing to release.
 		x.rollback("lease lost", ErrLeaseLost)
+		x.e.lostLease(x.ctx, x.op, "heartbeat")
 		x.warnStepsKept("lease lost", ErrLeaseLost)
 		return Outcome{}, ErrLeaseLost
 	case errors.As(err, &panicked):
@@ -412,22 +446,22 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 	if x.rc.exec.rollbackWrites.Load() && e.info.Transactional {
 		// Store the answer without the business writes: roll them back and
 		// complete in a unit of work of its own.
-		if err := x.unit.Rollback(ctx); err != nil {
+		if err := e.rollbackUnit(ctx, x.unit); err != nil {
 			x.release("the rollback of the business writes failed", err)
 			return Outcome{}, storeError("rollback", err)
 		}
-		next, err := e.store.Begin(ctx)
+		next, err := e.begin(ctx)
 		if err != nil {
 			x.release("the unit of work for the answer could not begin", err)
 			return Outcome{}, storeError("begin", err)
 		}
 		x.unit = next
 	}
-	err := x.unit.Complete(ctx, CompleteParams{Tenant: x.op.Tenant, Key: x.op.Key, Token: x.token, Result: res})
+	err := e.completeUnit(ctx, x.unit, CompleteParams{Tenant: x.op.Tenant, Key: x.op.Key, Token: x.token, Result: res})
 	if err == nil {
 		return Outcome{Result: res}, nil
 	}
-	_ = x.unit.Rollback(context.WithoutCancel(ctx))
+	_ = e.rollbackUnit(context.WithoutCancel(ctx), x.unit)
 	if errors.Is(err, ErrWritesAborted) {
 		// The handler's own failure, not the store's: it answered a
 		// success whose writes a failed statement had undone.
@@ -437,6 +471,7 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 		return Outcome{}, err
 	}
 	if errors.Is(err, ErrLeaseLost) {
+		e.lostLease(x.ctx, x.op, "completion")
 		e.warnRolledBack(x.ctx, x.op, "lease lost at completion", err)
 		x.warnStepsKept("lease lost at completion", err)
 		return Outcome{}, ErrLeaseLost
@@ -461,7 +496,7 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 // lease ends.
 func (x *execution) abandon(cause error) {
 	if !x.e.info.Transactional {
-		_ = x.unit.Rollback(context.WithoutCancel(x.ctx))
+		_ = x.e.rollbackUnit(context.WithoutCancel(x.ctx), x.unit)
 		x.keepInFlight("the handler did not return", cause)
 		return
 	}
@@ -503,7 +538,7 @@ func (x *execution) warnStepsKept(reason string, cause error) {
 // rollback abandons the unit of work, and says so when the handler ran
 // and its writes were undone for a reason other than its own choice.
 func (x *execution) rollback(reason string, cause error) {
-	_ = x.unit.Rollback(context.WithoutCancel(x.ctx))
+	_ = x.e.rollbackUnit(context.WithoutCancel(x.ctx), x.unit)
 	if reason != "" {
 		x.e.warnRolledBack(x.ctx, x.op, reason, cause)
 	}
@@ -518,6 +553,31 @@ func (x *execution) keepInFlight(reason string, cause error) {
 		slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key),
 		slog.Duration("lease", e.config.Lease), slog.Any("error", cause))
 	x.warnStepsKept(reason, cause)
+}
+
+// tookOver logs and traces a claim won over an execution whose lease had
+// ended: it died, stalled, or was rolled back after recording steps.
+func (e *Engine) tookOver(ctx context.Context, op Operation, claim *ClaimResult) {
+	point := ""
+	if n := len(claim.Steps); n > 0 {
+		point = claim.Steps[n-1].Name
+	}
+	e.config.Logger.InfoContext(ctx, "idem: key taken over from an earlier execution whose lease ended",
+		slog.String("store", e.info.Name), slog.String("tenant", op.Tenant), slog.String("key", op.Key),
+		slog.String("recovery_point", point))
+	e.traceLease(ctx, LeaseTakeover, nil)
+}
+
+// lostLease logs and traces an execution whose lease was taken over, found
+// by the heartbeat or at the completion. On a transactional store
+// warnRolledBack says it too, with what was undone.
+func (e *Engine) lostLease(ctx context.Context, op Operation, foundBy string) {
+	if !e.info.Transactional {
+		e.config.Logger.WarnContext(ctx, "idem: lease lost to a takeover; the answer is discarded and the handler's effects stand",
+			slog.String("found_by", foundBy), slog.String("store", e.info.Name),
+			slog.String("tenant", op.Tenant), slog.String("key", op.Key))
+	}
+	e.traceLease(ctx, LeaseLost, nil)
 }
 
 // warnRolledBack logs that a handler ran and its work was rolled back.
@@ -544,7 +604,7 @@ func callHandler(ctx context.Context, fn func(ctx context.Context) (Result, erro
 func (e *Engine) release(ctx context.Context, op Operation, token int64) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.config.CleanupTimeout)
 	defer cancel()
-	if err := e.store.Release(ctx, ReleaseParams{Tenant: op.Tenant, Key: op.Key, Token: token}); err != nil {
+	if err := e.releaseKey(ctx, ReleaseParams{Tenant: op.Tenant, Key: op.Key, Token: token}); err != nil {
 		// The record stays in flight until its lease ends, then a retry
 		// takes it over: safe, only slower.
 		e.config.Logger.WarnContext(ctx, "idem: release failed; the key stays locked until its lease ends",

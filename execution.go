@@ -40,6 +40,7 @@ type execState struct {
 	// this one, under mu since a handler may run steps concurrently.
 	steps       StepStore // nil when the store keeps none
 	saveTimeout time.Duration
+	storeTracer StoreTracer // the engine's, when it traces store calls
 	mu          sync.Mutex
 	recorded    []RecordedStep
 	savedSteps  bool // this execution recorded a step

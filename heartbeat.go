@@ -21,6 +21,12 @@ type keeper struct {
 	interval time.Duration
 	logger   *slog.Logger
 
+	// Observation, set by the engine: the store's name and the tracer's
+	// optional parts (nil when not wanted).
+	storeName   string
+	storeTracer StoreTracer
+	leaseTracer LeaseTracer
+
 	mu      sync.Mutex
 	leases  leaseList
 	ticks   int64 // ticks of the loop so far: the keeper's cheap clock
@@ -201,18 +207,31 @@ func (k *keeper) beat(idleTicks *int) bool {
 // slow store delays no other lease.
 func (k *keeper) extend(l *lease) {
 	defer k.loops.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), k.interval)
-	err := k.store.Extend(ctx, l.params)
-	cancel()
+	var err error
+	if k.storeTracer == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), k.interval)
+		err = k.store.Extend(ctx, l.params)
+		cancel()
+	} else {
+		// The handler's context carries the operation's values (its
+		// span), without its end: the extension is the keeper's.
+		ctx, s := startStore(context.WithoutCancel(l.ctx), k.storeTracer, StoreExtend, k.storeName)
+		ctx, cancel := context.WithTimeout(ctx, k.interval)
+		err = k.store.Extend(ctx, l.params)
+		cancel()
+		s.end(ctx, err)
+	}
 
 	k.mu.Lock()
-	defer k.mu.Unlock()
 	l.extending = false
 	if !l.kept {
 		// The handler finished meanwhile and left l to this extension.
 		l.free()
+		k.mu.Unlock()
 		return
 	}
+	failed := false
+	var opCtx context.Context
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		l.lost = true
@@ -220,10 +239,18 @@ func (k *keeper) extend(l *lease) {
 	case err != nil:
 		// A store hiccup: the lease still runs for a while; try again at
 		// the next tick rather than waiting a whole interval.
-		k.logger.Warn("idem: lease heartbeat failed", slog.String("key", l.params.Key), slog.Any("error", err))
+		k.logger.Warn("idem: lease heartbeat failed; retrying at the next tick", slog.String("store", k.storeName),
+			slog.String("key", l.params.Key), slog.Any("error", err))
 		l.due = k.ticks + 1
+		failed, opCtx = true, l.ctx
 	default:
 		l.due = k.ticks + ticksPerBeat
+	}
+	k.mu.Unlock()
+	if failed && k.leaseTracer != nil {
+		// Outside the lock: a slow tracer must not stall the keeper. l
+		// may be recycled by now, not the context taken from it.
+		k.leaseTracer.TraceLease(context.WithoutCancel(opCtx), TraceLeaseData{Event: LeaseHeartbeatFailed, Store: k.storeName, Err: err})
 	}
 }
 

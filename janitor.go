@@ -20,6 +20,10 @@ type JanitorConfig struct {
 	// Logger receives a line per pass that deleted something and the
 	// errors. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Tracer observes each pass when it implements PurgeTracer, and each
+	// Store.Purge call when it implements StoreTracer (the engine's
+	// tracer, typically). Defaults to none.
+	Tracer Tracer
 }
 
 // Janitor deletes expired records in the background, in bounded batches.
@@ -27,7 +31,10 @@ type JanitorConfig struct {
 // only gives the space back.
 type Janitor struct {
 	store  Store
+	name   string // the store's
 	config JanitorConfig
+	purge  PurgeTracer // nil: passes not traced
+	st     StoreTracer // nil: calls not traced
 }
 
 // NewJanitor returns a janitor over store. A nil config means the
@@ -52,26 +59,45 @@ func NewJanitor(store Store, config *JanitorConfig) (*Janitor, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return &Janitor{store: store, config: c}, nil
+	j := &Janitor{store: store, name: store.Info().Name, config: c}
+	j.purge, _ = c.Tracer.(PurgeTracer)
+	j.st, _ = c.Tracer.(StoreTracer)
+	return j, nil
 }
 
 // PurgeOnce deletes expired records in batches until a batch comes back
 // short, and returns how many it deleted.
 func (j *Janitor) PurgeOnce(ctx context.Context) (int, error) {
-	total := 0
+	if j.purge == nil {
+		n, _, err := j.purgeOnce(ctx)
+		return n, err
+	}
+	start := time.Now()
+	n, batches, err := j.purgeOnce(ctx)
+	j.purge.TracePurge(ctx, TracePurgeData{Store: j.name, Deleted: n, Batches: batches, Duration: time.Since(start), Err: err})
+	return n, err
+}
+
+// purgeOnce is PurgeOnce; it also says how many batches it ran.
+func (j *Janitor) purgeOnce(ctx context.Context) (total, batches int, err error) {
 	for {
-		n, err := j.store.Purge(ctx, PurgeParams{Limit: j.config.BatchSize})
+		var n int
+		batches++
+		err := TraceStore(ctx, j.config.Tracer, StorePurge, j.name, func(ctx context.Context) (err error) {
+			n, err = j.store.Purge(ctx, PurgeParams{Limit: j.config.BatchSize})
+			return err
+		})
 		total += n
 		if err != nil {
-			return total, err
+			return total, batches, err
 		}
 		if n < j.config.BatchSize {
-			return total, nil
+			return total, batches, nil
 		}
 		if j.config.BatchPause > 0 {
 			select {
 			case <-ctx.Done():
-				return total, ctx.Err()
+				return total, batches, ctx.Err()
 			case <-time.After(j.config.BatchPause):
 			}
 		}
@@ -88,9 +114,9 @@ func (j *Janitor) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil && !errors.Is(err, context.Canceled):
-			j.config.Logger.WarnContext(ctx, "idem: purge failed", slog.Any("error", err), slog.Int("deleted", n))
+			j.config.Logger.WarnContext(ctx, "idem: purge failed", slog.String("store", j.name), slog.Any("error", err), slog.Int("deleted", n))
 		case n > 0:
-			j.config.Logger.InfoContext(ctx, "idem: purged expired records", slog.Int("deleted", n))
+			j.config.Logger.InfoContext(ctx, "idem: purged expired records", slog.Int("deleted", n), slog.String("store", j.name))
 		}
 		select {
 		case <-ctx.Done():

@@ -2,7 +2,9 @@ package idem
 
 import (
 	"context"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -34,17 +36,23 @@ const maxLateReleases = 1024
 // cuts the schedules short (one last release each, at once) and waits for
 // them.
 type lateReleases struct {
-	store Store
-	slots chan struct{}
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	store  Store
+	st     StoreTracer // nil: the releases are not traced
+	name   string      // the store's
+	logger *slog.Logger
+	// dropped is when a schedule was last refused for want of a slot (in
+	// UnixNano), so that the warning is logged at most once a second.
+	dropped atomic.Int64
+	slots   chan struct{}
+	stop    chan struct{}
+	wg      sync.WaitGroup
 
 	mu     sync.Mutex // orders wg.Add before the Wait of close
 	closed bool
 }
 
-func newLateReleases(store Store) *lateReleases {
-	return &lateReleases{store: store, slots: make(chan struct{}, maxLateReleases), stop: make(chan struct{})}
+func newLateReleases(store Store, st StoreTracer, name string, logger *slog.Logger) *lateReleases {
+	return &lateReleases{store: store, st: st, name: name, logger: logger, slots: make(chan struct{}, maxLateReleases), stop: make(chan struct{})}
 }
 
 // start schedules the releases of a failed claim, and reports whether it
@@ -58,8 +66,14 @@ func (lr *lateReleases) start(ctx context.Context, p ReleaseParams) bool {
 	select {
 	case lr.slots <- struct{}{}:
 	default:
+		if now, last := time.Now().UnixNano(), lr.dropped.Load(); now-last > int64(time.Second) && lr.dropped.CompareAndSwap(last, now) {
+			lr.logger.WarnContext(ctx, "idem: too many failed claims being released at once; this one is not, and its key may stay held until its lease ends (logged at most once a second)",
+				slog.String("store", lr.name), slog.Int("limit", maxLateReleases))
+		}
 		return false
 	}
+	lr.logger.DebugContext(ctx, "idem: a failed claim may still take effect; releasing it over the next seconds",
+		slog.String("store", lr.name), slog.String("key", p.Key))
 	lr.wg.Add(1)
 	go func() {
 		defer lr.wg.Done()
@@ -87,7 +101,7 @@ func (lr *lateReleases) run(ctx context.Context, p ReleaseParams) {
 			}
 		}
 		c, cancel := context.WithTimeout(ctx, lateReleaseTimeout)
-		_ = lr.store.Release(c, p)
+		_ = releaseTraced(c, lr.store, lr.st, lr.name, p)
 		cancel()
 		if closing {
 			return

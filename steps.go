@@ -178,7 +178,7 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	// meanwhile, bounded by the engine's CleanupTimeout.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), st.saveTimeout)
 	defer cancel()
-	if err := st.steps.SaveStep(sctx, SaveStepParams{
+	if err := st.saveStep(sctx, SaveStepParams{
 		Tenant: st.info.Tenant, Key: st.info.Key, Token: st.info.LeaseToken,
 		Name: name, Value: value,
 	}); err != nil {

@@ -114,6 +114,10 @@ type Transport struct {
 
 	// KeyFunc makes a new key. Defaults to a random UUIDv4.
 	KeyFunc func() string
+
+	// Tracer observes the attempts and retries of covered requests.
+	// Defaults to none.
+	Tracer ClientTracer
 }
 
 // NewClient returns an http.Client whose transport is t. A nil t means a
@@ -227,7 +231,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return nil, context.Cause(ctx)
 		}
-		r := req.Clone(ctx)
+		actx := ctx
+		if t.Tracer != nil {
+			actx = t.Tracer.TraceAttemptStart(ctx, TraceAttemptStartData{Method: req.Method, Resend: budget.attempts})
+		}
+		r := req.Clone(actx)
 		if r.Header == nil {
 			r.Header = make(http.Header) // as http.Client does; Clone keeps a nil map
 		}
@@ -239,7 +247,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if body.length >= 0 {
 			r.ContentLength = body.length
 		}
+		start := time.Now()
 		resp, err := t.send(r)
+		var outcome AttemptOutcome
+		if t.Tracer != nil {
+			outcome = attemptOutcome(ctx, resp, err)
+			end := TraceAttemptEndData{Method: req.Method, Resend: budget.attempts, Outcome: outcome, Duration: time.Since(start), Err: err}
+			if resp != nil {
+				end.Status = resp.StatusCode
+			}
+			t.Tracer.TraceAttemptEnd(actx, end)
+		}
 		budget.attempts++
 		tr.Attempts++
 		rec := Attempt{Err: err}
@@ -259,6 +277,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				discard(resp)
 			}
 			last.Wait = wait
+			if t.Tracer != nil {
+				t.Tracer.TraceRetry(ctx, TraceRetryData{Reason: outcome, Wait: wait, Resend: budget.attempts})
+			}
 			if err := sleep(ctx, wait); err != nil {
 				return nil, err
 			}

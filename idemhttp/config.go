@@ -250,6 +250,16 @@ type Config struct {
 	// invalid tenants and oversized or incomplete responses. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+
+	// RouteFunc names the route of a request for the engine's tracer
+	// (idem.RequestTracer): a pattern such as "/orders/{id}", never the
+	// raw path, whose values would make one metric series per resource.
+	// Set it for a router other than net/http's ServeMux (with chi:
+	// chi.RouteContext(r.Context()).RoutePattern()). Defaults to the
+	// pattern ServeMux matched (Request.Pattern, without its method),
+	// which needs the middleware inside the mux's route; "" is reported
+	// as "unmatched".
+	RouteFunc func(r *http.Request) string
 }
 
 // errNoTenantRule is New's answer to a Config that says nothing of

@@ -22,9 +22,10 @@ type Middleware struct {
 	config     Config
 	engine     *idem.Engine
 	methods    []string
-	replay     headerSet // canonical names of the headers stored
-	retryAfter []string  // the Retry-After value, in whole seconds
-	problems   *problems // the texts true for the engine's store
+	replay     headerSet          // canonical names of the headers stored
+	retryAfter []string           // the Retry-After value, in whole seconds
+	problems   *problems          // the texts true for the engine's store
+	tracer     idem.RequestTracer // the engine's tracer, when it traces requests
 }
 
 // NewMiddleware returns a middleware that runs the requests it covers
@@ -60,6 +61,7 @@ func NewMiddleware(engine *idem.Engine, config *Config) (*Middleware, error) {
 		m.replay.add(http.CanonicalHeaderKey(name))
 	}
 	m.retryAfter = []string{strconv.Itoa(retryAfterSeconds(engine.Config().RetryAfter))}
+	m.tracer, _ = engine.Config().Tracer.(idem.RequestTracer)
 	return m, nil
 }
 
@@ -108,7 +110,15 @@ func retryAfterSeconds(d time.Duration) int {
 // situation answers.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		m.serve(w, r, next)
+		if !m.covers(r.Method) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if m.tracer != nil {
+			m.serveTraced(w, r, next)
+			return
+		}
+		m.serve(w, r, next, nil)
 	})
 }
 
@@ -121,26 +131,25 @@ func (m *Middleware) covers(method string) bool {
 	return false
 }
 
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	if !m.covers(r.Method) {
-		next.ServeHTTP(w, r)
-		return
-	}
+// serve answers a request of a covered method, and says how. t is the
+// request's trace, nil when untraced.
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, t *requestTrace) (idem.RequestOutcome, int) {
 	key, err := ParseKey(r.Header)
 	if err != nil {
 		// Echoed too, as every answer to a covered request that carried a
 		// key, so that the client can tell which of its keys was refused.
 		w.Header()[HeaderKey] = r.Header[HeaderKey]
-		writeProblem(w, problemInvalidKey)
-		return
+		return idem.RequestInvalidKey, writeProblem(w, problemInvalidKey)
 	}
 	if key == "" {
 		if m.config.RequireKey {
-			writeProblem(w, problemKeyRequired)
-			return
+			return idem.RequestKeyRequired, writeProblem(w, problemKeyRequired)
 		}
 		next.ServeHTTP(w, r)
-		return
+		if t != nil {
+			t.pattern = r.Pattern
+		}
+		return idem.RequestPassthrough, 0
 	}
 	// From here on every answer echoes the key, as the client sent it.
 	w.Header()[HeaderKey] = r.Header[HeaderKey]
@@ -148,8 +157,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	tenant := ""
 	if m.config.TenantFunc != nil {
 		if tenant, err = m.config.TenantFunc(r); err != nil {
-			writeProblem(w, problemUnauthenticated)
-			return
+			return idem.RequestUnauthenticated, writeProblem(w, problemUnauthenticated)
 		}
 		if hasCTL(tenant) {
 			// Control characters name tenants idem keeps for itself (the
@@ -157,8 +165,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			// space. A server bug, not the caller's.
 			m.config.Logger.ErrorContext(r.Context(), "idemhttp: Config.TenantFunc returned a tenant holding a control character; request refused",
 				slog.String("tenant", fieldtext.Escape(tenant)), slog.String("key", key))
-			writeProblem(w, problemInternal)
-			return
+			return idem.RequestInternalError, writeProblem(w, problemInternal)
 		}
 	}
 
@@ -168,11 +175,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	x.body.set(buf)
 	if err != nil {
 		if errors.Is(err, errRequestTooLarge) {
-			writeProblem(w, problemRequestTooLarge)
-		} else {
-			writeProblem(w, problemRequestUnreadable)
+			return idem.RequestTooLarge, writeProblem(w, problemRequestTooLarge)
 		}
-		return
+		return idem.RequestUnreadable, writeProblem(w, problemRequestUnreadable)
 	}
 
 	op := idem.Operation{
@@ -181,19 +186,33 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		Fingerprint: fingerprint(x.fp[:0], r, buf, m.config.FingerprintHeaders, !m.config.IgnoreMediaType),
 	}
 	x.ctx = r.Context()
+	if t != nil {
+		x.ctx, x.timed = t.ctx, true
+	}
 	if !m.config.CancelOnDisconnect {
 		x.detached = detached{values: x.ctx, life: m.config.ShutdownContext}
 		x.ctx = &x.detached
 	}
 	out, err := m.engine.Do(x.ctx, op, x.do)
+	if t != nil {
+		t.err = err
+		if x.ran {
+			t.execution = monotonic() - x.started
+			t.pattern = x.pattern
+		}
+	}
 	switch {
 	case err == nil && out.Replayed:
-		m.writeReplay(w, r, &x.body, out.Result)
+		return m.writeReplay(w, r, &x.body, out.Result)
 	case err == nil:
-		x.rec.deliver(x.rec.finalStatus(), x.rec.body)
-	default:
-		m.writeError(x, op, err)
+		status := x.rec.finalStatus()
+		x.rec.deliver(status, x.rec.body)
+		if out.NotStored {
+			return idem.RequestNotExecuted, status
+		}
+		return idem.RequestExecuted, status
 	}
+	return m.writeError(x, op, err)
 }
 
 // hasCTL reports whether s holds a control character (below 0x20, or
@@ -274,7 +293,10 @@ type exchange struct {
 	detached detached
 	body     requestBody
 	rec      recorder
-	ran      bool // the handler was called
+	ran      bool          // the handler was called
+	timed    bool          // traced: started and pattern are wanted
+	started  time.Duration // when the handler was called (monotonic()), if timed
+	pattern  string        // the pattern a ServeMux behind set on the handler's request, if timed
 	fp       [sha256.Size]byte
 	scratch  *scratch
 }
@@ -335,6 +357,9 @@ func (x *exchange) do(ctx context.Context) (idem.Result, error) {
 	rec := &x.rec
 	rec.start(x.w, m.config.MaxResponseBody, x.scratch.resp, x.scratch.outer)
 	x.ran = true
+	if x.timed {
+		x.started = monotonic()
+	}
 	if m.config.Mode == idem.ModeReference {
 		ctx = context.WithValue(ctx, referenceKey{}, rec)
 	}
@@ -344,6 +369,10 @@ func (x *exchange) do(ctx context.Context) (idem.Result, error) {
 	}
 	// Sealed however the handler ends: a panic and runtime.Goexit too.
 	defer rec.seal()
+	if x.timed {
+		// Deferred: a handler that panics was routed too.
+		defer func() { x.pattern = r.Pattern }()
+	}
 	x.next.ServeHTTP(rec, r)
 	rec.seal()
 
@@ -444,15 +473,14 @@ func (m *Middleware) storedHeader(out map[string][]string, h http.Header) map[st
 	return out
 }
 
-// writeReplay sends a stored result back.
-func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *requestBody, res idem.Result) {
+// writeReplay sends a stored result back, and says how.
+func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *requestBody, res idem.Result) (idem.RequestOutcome, int) {
 	h := w.Header()
 	if res.Mode != idem.ModeResponse {
 		if m.config.ReplayFunc == nil {
 			m.config.Logger.ErrorContext(r.Context(), "idemhttp: stored result needs Config.ReplayFunc",
 				slog.String("mode", res.Mode.String()))
-			writeProblem(w, problemReplayFailed)
-			return
+			return idem.RequestReplayFailed, writeProblem(w, problemReplayFailed)
 		}
 		h[HeaderReplayed] = replayedTrue
 		// The original body was read to fingerprint it: give the function
@@ -463,8 +491,7 @@ func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *r
 			body.rewind()
 			r.Body = body
 		}
-		m.callReplayFunc(w, r, res)
-		return
+		return m.callReplayFunc(w, r, res)
 	}
 	h[HeaderReplayed] = replayedTrue
 	for k, v := range res.Header {
@@ -478,13 +505,14 @@ func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *r
 	if len(res.Body) > 0 {
 		w.Write(res.Body) //nolint:errcheck // the client is gone
 	}
+	return idem.RequestReplayed, res.Status
 }
 
 // callReplayFunc runs Config.ReplayFunc, containing its panics: the key
 // is complete, so every retry would meet the same panic and a dropped
 // connection; they get 500 replay-failed instead, when nothing was sent
 // yet. http.ErrAbortHandler is raised again, as net/http means it.
-func (m *Middleware) callReplayFunc(w http.ResponseWriter, r *http.Request, res idem.Result) {
+func (m *Middleware) callReplayFunc(w http.ResponseWriter, r *http.Request, res idem.Result) (outcome idem.RequestOutcome, status int) {
 	tw := &writeTracker{ResponseWriter: w}
 	defer func() {
 		v := recover()
@@ -496,36 +524,44 @@ func (m *Middleware) callReplayFunc(w http.ResponseWriter, r *http.Request, res 
 		}
 		m.config.Logger.ErrorContext(r.Context(), "idemhttp: Config.ReplayFunc panicked",
 			slog.Any("panic", v), slog.String("stack", string(debug.Stack())))
+		outcome, status = idem.RequestReplayFailed, tw.status
 		if !tw.wrote {
-			writeProblem(w, problemReplayFailed)
+			status = writeProblem(w, problemReplayFailed)
 		}
 	}()
 	m.config.ReplayFunc(tw, r, res)
+	if tw.status == 0 {
+		tw.status = http.StatusOK // what net/http sends for a handler that wrote nothing
+	}
+	return idem.RequestReplayed, tw.status
 }
 
 // writeTracker notes whether anything was written through it. Unwrap
 // keeps http.ResponseController working through it.
 type writeTracker struct {
 	http.ResponseWriter
-	wrote bool
+	wrote  bool
+	status int // the final status sent, 0 before
 }
 
 func (t *writeTracker) WriteHeader(code int) {
-	if code >= 200 {
-		t.wrote = true
+	if code >= 200 && !t.wrote {
+		t.wrote, t.status = true, code
 	}
 	t.ResponseWriter.WriteHeader(code)
 }
 
 func (t *writeTracker) Write(p []byte) (int, error) {
-	t.wrote = true
+	if !t.wrote {
+		t.wrote, t.status = true, http.StatusOK
+	}
 	return t.ResponseWriter.Write(p)
 }
 
 func (t *writeTracker) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
-// writeError answers a failed Engine.Do.
-func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) {
+// writeError answers a failed Engine.Do, and says how.
+func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) (idem.RequestOutcome, int) {
 	w := x.w
 	var rec *recorder
 	if x.ran {
@@ -549,9 +585,11 @@ func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) {
 		}
 		log.ErrorContext(ctx, "idemhttp: handler panicked",
 			slog.String("key", op.Key), slog.Any("panic", panicErr.Value), slog.String("stack", string(panicErr.Stack)))
-		writeProblem(w, p.handlerPanic)
+		return idem.RequestHandlerPanic, writeProblem(w, p.handlerPanic)
 	case errors.Is(err, errReleased5xx):
-		rec.deliver(rec.finalStatus(), rec.body)
+		status := rec.finalStatus()
+		rec.deliver(status, rec.body)
+		return idem.RequestReleased, status
 	case errors.Is(err, errShortBody):
 		// What net/http would have sent: the declared Content-Length and
 		// the bytes written, on a connection it then closes, so that the
@@ -560,56 +598,55 @@ func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) {
 		// body off as whole.
 		log.ErrorContext(ctx, "idemhttp: the handler wrote less than the Content-Length it declared; answer sent as net/http sends it, not stored, key released",
 			slog.String("key", op.Key), slog.Int64("declared", rec.declLen), slog.Int("written", len(rec.body)))
-		rec.deliver(rec.finalStatus(), rec.body)
+		status := rec.finalStatus()
+		rec.deliver(status, rec.body)
+		return idem.RequestIncomplete, status
 	case errors.Is(err, idem.ErrFingerprintMismatch):
-		writeProblem(w, problemFingerprintMismatch)
+		return idem.RequestFingerprintMismatch, writeProblem(w, problemFingerprintMismatch)
 	case errors.Is(err, idem.ErrInFlight):
 		w.Header()["Retry-After"] = m.retryAfter
-		writeProblem(w, problemInFlight)
+		return idem.RequestInFlight, writeProblem(w, problemInFlight)
 	case errors.Is(err, idem.ErrLeaseLost):
 		log.WarnContext(ctx, "idemhttp: lease lost to a takeover; answer discarded",
 			slog.String("key", op.Key))
-		writeProblem(w, p.leaseLost)
+		return idem.RequestLeaseLost, writeProblem(w, p.leaseLost)
 	case errors.Is(err, ErrResponseTooLarge):
 		log.ErrorContext(ctx, "idemhttp: response larger than MaxResponseBody; discarded and key released",
 			slog.String("key", op.Key), slog.Int64("limit", m.config.MaxResponseBody))
-		writeProblem(w, p.responseTooLarge)
+		return idem.RequestResponseTooLarge, writeProblem(w, p.responseTooLarge)
 	case ctx.Err() != nil && !(x.ran && errors.Is(err, idem.ErrStore)):
 		// Checked before the store: a cancelled claim also fails as a
 		// store error, but the store is not to blame. Once the handler
 		// ran, a store error is the store's, and says what became of the
 		// work.
 		if x.ran {
-			writeProblem(w, p.requestCancelledRan)
-		} else {
-			writeProblem(w, p.requestCancelled)
+			return idem.RequestCancelled, writeProblem(w, p.requestCancelledRan)
 		}
+		return idem.RequestCancelled, writeProblem(w, p.requestCancelled)
 	case errors.Is(err, idem.ErrStore):
 		log.WarnContext(ctx, "idemhttp: store failed; request not completed",
 			slog.String("key", op.Key), slog.Bool("handler_ran", x.ran), slog.Any("error", err))
 		w.Header()["Retry-After"] = m.retryAfter
 		if x.ran {
-			writeProblem(w, p.storeUnavailableRan)
-		} else {
-			writeProblem(w, p.storeUnavailable)
+			return idem.RequestStoreUnavailable, writeProblem(w, p.storeUnavailableRan)
 		}
+		return idem.RequestStoreUnavailable, writeProblem(w, p.storeUnavailable)
 	case errors.Is(err, idem.ErrInvalidKey):
-		writeProblem(w, problemInvalidKey)
+		return idem.RequestInvalidKey, writeProblem(w, problemInvalidKey)
 	case errors.Is(err, idem.ErrStepNotSaved):
 		// A step's effect stands without its record: the key is held
 		// until its lease ends, then a retry takes it over.
 		log.ErrorContext(ctx, "idemhttp: a step ran but its result was not recorded; answer discarded, key held until its lease ends",
 			slog.String("key", op.Key), slog.Any("error", err))
 		w.Header()["Retry-After"] = m.retryAfter
-		writeProblem(w, p.storeUnavailableRan)
+		return idem.RequestStepNotSaved, writeProblem(w, p.storeUnavailableRan)
 	case errors.Is(err, idem.ErrWritesAborted):
 		log.ErrorContext(ctx, "idemhttp: the handler answered a success after a failed SQL statement aborted its transaction; answer discarded, key released",
 			slog.String("key", op.Key))
-		writeProblem(w, problemInternal)
-	default:
-		log.ErrorContext(ctx, "idemhttp: unexpected engine error", slog.String("key", op.Key), slog.Any("error", err))
-		writeProblem(w, problemInternal)
+		return idem.RequestInternalError, writeProblem(w, problemInternal)
 	}
+	log.ErrorContext(ctx, "idemhttp: unexpected engine error", slog.String("key", op.Key), slog.Any("error", err))
+	return idem.RequestInternalError, writeProblem(w, problemInternal)
 }
 
 // withoutCTL returns values with every control character but tab as a

@@ -163,15 +163,17 @@ func errorBodyNotStored(status, size int) []byte {
 	return append(body, '\n')
 }
 
-// writeProblem sends p with the Content-Type it needs. Headers the
-// handler may have set never reach w: they stay in the recorder.
-func writeProblem(w http.ResponseWriter, p *problem) {
+// writeProblem sends p with the Content-Type it needs, and returns its
+// status. Headers the handler may have set never reach w: they stay in
+// the recorder.
+func writeProblem(w http.ResponseWriter, p *problem) int {
 	h := w.Header()
 	h["Content-Type"] = contentTypeProblem
 	h["X-Content-Type-Options"] = nosniff
 	h.Del("Content-Length")
 	w.WriteHeader(p.status)
 	w.Write(p.body) //nolint:errcheck // the client is gone; nothing to do
+	return p.status
 }
 
 // Shared, never modified header values: assigning them costs nothing.

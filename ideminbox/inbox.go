@@ -160,6 +160,7 @@ type Inbox struct {
 	// storeEpoch counts the store checks that failed: a delivery's store
 	// failures are counted in a row only while it does not move.
 	storeEpoch atomic.Uint64
+	tracer     idem.MessageTracer // the engine's tracer, when it traces messages
 }
 
 // maxConsumer bounds Config.Consumer: with the tenant's prefix it must fit
@@ -222,12 +223,14 @@ func NewInbox(config *Config) (*Inbox, error) {
 	if config.Logger == nil {
 		config.Logger = engine.Config().Logger
 	}
-	return &Inbox{
+	in := &Inbox{
 		engine: engine,
 		config: *config,
 		tenant: Tenant(config.Consumer),
 		local:  newLocalAttempts(config.LocalAttemptsLimit),
-	}, nil
+	}
+	in.tracer, _ = engine.Config().Tracer.(idem.MessageTracer)
+	return in, nil
 }
 
 // validateConsumer refuses a consumer name that cannot be a tenant on
@@ -440,6 +443,13 @@ func (d Decision) AwaitsStore(err error) bool {
 //
 // The error explains every answer other than Ack and AckDuplicate.
 func (in *Inbox) Process(ctx context.Context, msg Message, handler HandlerFunc) (Decision, error) {
+	if in.tracer != nil {
+		return in.processTraced(ctx, msg, handler)
+	}
+	return in.process(ctx, msg, handler)
+}
+
+func (in *Inbox) process(ctx context.Context, msg Message, handler HandlerFunc) (Decision, error) {
 	if msg.ID == "" {
 		return Decision{Action: Reject}, ErrNoMessageID
 	}
@@ -571,7 +581,11 @@ func (in *Inbox) storeFailed(ctx context.Context, op idem.Operation, msg Message
 // last run's own or a later one, knows that the last run never answered
 // either: the message is recorded as poison without running again.
 func (in *Inbox) unanswered(ctx context.Context, op idem.Operation, msg Message, attempt int) (Decision, error, bool) {
-	rec, err := in.config.Store.Get(ctx, op.Tenant, op.Key)
+	var rec *idem.Record
+	err := idem.TraceStore(ctx, in.engine.Config().Tracer, idem.StoreGet, in.config.Store.Info().Name, func(ctx context.Context) (err error) {
+		rec, err = in.config.Store.Get(ctx, op.Tenant, op.Key)
+		return err
+	})
 	switch {
 	case errors.Is(err, idem.ErrNotFound):
 		return Decision{}, nil, false

@@ -12,8 +12,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/demo"
+	"github.com/idem-go/idem/idemprom"
 	"github.com/idem-go/idem/idemredis"
 )
 
@@ -68,6 +73,8 @@ type serveOpts struct {
 	// answer (zero: readTimeout + handlerDelay + handlerBudget);
 	// idleTimeout a kept-alive connection between requests.
 	readTimeout, writeTimeout, idleTimeout time.Duration
+	// metricsAddr is where GET /metrics listens; "" serves it on addr.
+	metricsAddr string
 }
 
 const serveHelp = `Usage: idem serve [flags]
@@ -88,6 +95,10 @@ The tenant is the <name> of "Authorization: Bearer <name>", or "default"
 without the header; keys and orders are per tenant. The orders table
 (idem_demo_orders) and the idempotency records table are created at start.
 Logs go to stderr; SIGINT or SIGTERM stops the server cleanly.
+
+GET /metrics answers the Prometheus metrics of idem (idem_requests_total,
+idem_store_operation_duration_seconds, …; see docs/OBSERVABILITY.md) and of
+the Go runtime, on --metrics-addr when given, else on --addr.
 `
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -104,6 +115,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	durationVar(fs, &opts.readTimeout, "read-timeout", defaultReadTimeout, "close a connection whose request (headers and body) takes longer to arrive")
 	durationVar(fs, &opts.writeTimeout, "write-timeout", 0, "close a connection whose answer is not sent this long after its request's headers\n(default --read-timeout + --handler-delay + 30s)")
 	durationVar(fs, &opts.idleTimeout, "idle-timeout", defaultIdleTimeout, "close a kept-alive connection idle this long")
+	fs.StringVar(&opts.metricsAddr, "metrics-addr", "", "serve GET /metrics on this `host:port` (port 0 picks a free one) instead of on --addr")
 	if err := parseFlags(fs, serveHelp, args, stdout); err != nil {
 		return err
 	}
@@ -175,6 +187,10 @@ type server struct {
 	store   idem.Store
 	engine  *idem.Engine
 	handler http.Handler
+	// metrics observes the engine, the janitor and the requests; gather
+	// answers GET /metrics.
+	metrics *idemprom.Collector
+	gather  http.Handler
 }
 
 // newServer opens the databases, creates the tables and builds the demo.
@@ -215,10 +231,19 @@ func buildServer(ctx, hardStop context.Context, c *conn, opts *serveOpts, logger
 		}
 		store = ks
 	}
+	// A registry of its own, not the global one: the tests build several
+	// servers in one process.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := idemprom.NewCollector(&idemprom.Config{Registerer: reg})
+	if err != nil {
+		return nil, err
+	}
 	engine, err := idem.NewEngine(store, &idem.Config{
 		Lease:     opts.lease,
 		Retention: opts.retention,
 		Logger:    logger,
+		Tracer:    metrics,
 	})
 	if err != nil {
 		return nil, err
@@ -236,7 +261,8 @@ func buildServer(ctx, hardStop context.Context, c *conn, opts *serveOpts, logger
 	if err := app.Migrate(ctx); err != nil {
 		return nil, err
 	}
-	return &server{conn: c, store: store, engine: engine, handler: app.Handler()}, nil
+	gather := promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)})
+	return &server{conn: c, store: store, engine: engine, handler: app.Handler(), metrics: metrics, gather: gather}, nil
 }
 
 // forcedStopWait bounds the wait for cancelled handlers to roll back and
@@ -268,6 +294,25 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 	// unless the binary was built with -tags idemfaults and IDEM_FAULT is
 	// set (internal/demo/faults.go).
 	handler := demo.Faults(s.handler, logger)
+	var metricsSrv *http.Server
+	if opts.metricsAddr == "" {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", s.gather)
+		mux.Handle("/", handler)
+		handler = mux
+	} else {
+		mln, err := net.Listen("tcp", opts.metricsAddr)
+		if err != nil {
+			return err
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", s.gather)
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: maxReadHeaderTimeout, MaxHeaderBytes: maxHeaderBytes,
+			ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+		logger.Info("metrics listening", slog.String("addr", mln.Addr().String()))
+		go metricsSrv.Serve(mln) //nolint:errcheck // ErrServerClosed at shutdown
+		defer metricsSrv.Close() //nolint:errcheck // at exit
+	}
 	ln, err := net.Listen("tcp", opts.addr)
 	if err != nil {
 		return err
@@ -303,7 +348,7 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 	defer stopJanitor()
 	// Redis expires its records by TTL: no janitor there.
 	if opts.purgeInterval > 0 && opts.keys == "" {
-		j, err := idem.NewJanitor(s.store, &idem.JanitorConfig{Interval: opts.purgeInterval, Logger: logger})
+		j, err := idem.NewJanitor(s.store, &idem.JanitorConfig{Interval: opts.purgeInterval, Logger: logger, Tracer: s.metrics})
 		if err != nil {
 			return err
 		}

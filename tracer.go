@@ -1,0 +1,755 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Tracer observes the operations an Engine runs: one call when an
+// operation starts, one when it ends. Set it in Config.Tracer; idemprom
+// and idemotel provide tracers for Prometheus and OpenTelemetry.
+//
+// A Tracer may implement the optional interfaces below as well; the
+// engine, the janitor, idemhttp and ideminbox find them by type assertion
+// on Config.Tracer and call those it implements: StoreTracer (every store
+// call), LeaseTracer (lost leases, takeovers, heartbeat failures),
+// PurgeTracer (the janitor's passes), RequestTracer (idemhttp's requests)
+// and MessageTracer (ideminbox's messages).
+//
+// Calls come from many goroutines at once; a Tracer must be safe for
+// concurrent use, and fast: it runs on every request. With no tracer the
+// engine pays a nil check and nothing else.
+type Tracer interface {
+	// TraceOperationStart is called when Engine.Do starts, before the
+	// claim. The context it returns is the one the operation runs under:
+	// the store calls and the function given to Do (the handler) get it,
+	// or contexts derived from it, so a tracer may put a span there. It
+	// must return ctx or a context derived from it.
+	TraceOperationStart(ctx context.Context, data TraceOperationStartData) context.Context
+
+	// TraceOperationEnd is called when Engine.Do returns, with the
+	// context TraceOperationStart returned.
+	TraceOperationEnd(ctx context.Context, data TraceOperationEndData)
+}
+
+// TraceOperationStartData describes an operation that starts.
+type TraceOperationStartData struct {
+	// Tenant and Key name the operation. They are the caller's: keep them
+	// out of metric labels, and out of anything that must not hold
+	// personal data (see idemotel's key hash).
+	Tenant string
+	Key    string
+	// Store names the engine's store (StoreInfo.Name).
+	Store string
+}
+
+// OperationOutcome is how an operation ended, as TraceOperationEndData
+// reports it.
+type OperationOutcome uint8
+
+// The outcomes of an operation. Their String values are the label values
+// idemprom and idemotel report.
+const (
+	// OutcomeExecuted: the function ran and its result was stored.
+	OutcomeExecuted OperationOutcome = iota + 1
+	// OutcomeReplayed: the stored result of an earlier execution was
+	// returned; the function did not run.
+	OutcomeReplayed
+	// OutcomeInFlight: another execution holds the key (ErrInFlight).
+	OutcomeInFlight
+	// OutcomeFingerprintMismatch: the key was used for another request
+	// (ErrFingerprintMismatch).
+	OutcomeFingerprintMismatch
+	// OutcomeLeaseLost: the lease was taken over while the function ran;
+	// its work was discarded (ErrLeaseLost).
+	OutcomeLeaseLost
+	// OutcomeStoreUnavailable: a store call failed (ErrStore).
+	OutcomeStoreUnavailable
+	// OutcomeHandlerError: the function returned an error; nothing was
+	// stored and the key was released.
+	OutcomeHandlerError
+	// OutcomeHandlerPanic: the function panicked or ended its goroutine.
+	OutcomeHandlerPanic
+	// OutcomeCancelled: the caller's context ended first.
+	OutcomeCancelled
+	// OutcomeNotExecuted: the function marked its answer with
+	// NotExecuted; nothing was stored and the key was released.
+	OutcomeNotExecuted
+	// OutcomeInvalidKey: the key failed ValidateKey; nothing was claimed.
+	OutcomeInvalidKey
+	// OutcomeClosed: the engine was closed (ErrClosed).
+	OutcomeClosed
+	// OutcomeStepNotSaved: a step (Step) ran but its result was not
+	// recorded (ErrStepNotSaved); the key is held until its lease ends.
+	OutcomeStepNotSaved
+
+	numOperationOutcomes = iota
+)
+
+var operationOutcomeNames = [...]string{
+	"unknown", "executed", "replayed", "in_flight", "fingerprint_mismatch", "lease_lost",
+	"store_unavailable", "handler_error", "handler_panic", "cancelled", "not_executed",
+	"invalid_key", "closed", "step_not_saved",
+}
+
+// String returns the outcome's name: "executed", "replayed", "in_flight",
+// "fingerprint_mismatch", "lease_lost", "store_unavailable",
+// "handler_error", "handler_panic", "cancelled", "not_executed",
+// "invalid_key", "closed" or "step_not_saved".
+func (o OperationOutcome) String() string {
+	if int(o) < len(operationOutcomeNames) {
+		return operationOutcomeNames[o]
+	}
+	return "unknown"
+}
+
+// OperationOutcomes returns every outcome, for a tracer that prepares its
+// label values ahead.
+func OperationOutcomes() []OperationOutcome {
+	out := make([]OperationOutcome, 0, numOperationOutcomes)
+	for o := OutcomeExecuted; o <= OutcomeStepNotSaved; o++ {
+		out = append(out, o)
+	}
+	return out
+}
+
+// TraceOperationEndData describes an operation that ended.
+type TraceOperationEndData struct {
+	Outcome OperationOutcome
+	// Store names the engine's store.
+	Store string
+	// Takeover is true when the claim took the key over from an earlier
+	// execution whose lease had ended.
+	Takeover bool
+	// ReplayAge is, for a replay, how long ago the replayed result was
+	// completed: Record.CompletedAt, on the store's clock, against this
+	// process's clock (the store interface does not tell the store's time
+	// of the claim), so drift between the two shows here; never negative.
+	ReplayAge time.Duration
+	// ResponseBytes is the size of the stored body: what was stored, for
+	// an execution; what was replayed, for a replay.
+	ResponseBytes int
+	// Err is what Engine.Do returned.
+	Err error
+}
+
+// StoreOperation names a store call.
+type StoreOperation uint8
+
+// The store calls the engine, the heartbeat, the janitor and the inbox
+// make.
+const (
+	StoreClaim StoreOperation = iota + 1
+	StoreBegin
+	StoreComplete
+	StoreRollback
+	StoreRelease
+	StoreExtend
+	StoreGet
+	StorePurge
+	// StoreSaveStep is StepStore.SaveStep, recording a step's result.
+	StoreSaveStep
+
+	numStoreOperations = iota
+)
+
+var storeOperationNames = [...]string{"unknown", "claim", "begin", "complete", "rollback", "release", "extend", "get", "purge", "save_step"}
+
+// String returns "claim", "begin", "complete", "rollback", "release",
+// "extend", "get", "purge" or "save_step".
+func (o StoreOperation) String() string {
+	if int(o) < len(storeOperationNames) {
+		return storeOperationNames[o]
+	}
+	return "unknown"
+}
+
+// StoreOperations returns every store operation.
+func StoreOperations() []StoreOperation {
+	out := make([]StoreOperation, 0, numStoreOperations)
+	for o := StoreClaim; o <= StoreSaveStep; o++ {
+		out = append(out, o)
+	}
+	return out
+}
+
+// StoreResult is how a store call ended.
+type StoreResult uint8
+
+// The results of a store call.
+const (
+	// StoreOK: the store answered. A Get that found no record is OK.
+	StoreOK StoreResult = iota + 1
+	// StoreLeaseLost: the store refused a fenced call (Complete, Extend)
+	// because the lease is no longer held (ErrLeaseLost).
+	StoreLeaseLost
+	// StoreFailed: the call failed.
+	StoreFailed
+)
+
+// String returns "ok", "lease_lost" or "error".
+func (r StoreResult) String() string {
+	switch r {
+	case StoreOK:
+		return "ok"
+	case StoreLeaseLost:
+		return "lease_lost"
+	case StoreFailed:
+		return "error"
+	}
+	return "unknown"
+}
+
+// StoreResults returns every store result.
+func StoreResults() []StoreResult { return []StoreResult{StoreOK, StoreLeaseLost, StoreFailed} }
+
+// StoreTracer observes every store call of the engine (claim, begin,
+// complete, rollback, release, including the late releases of failed
+// claims), of the heartbeat (extend), of the janitor (purge) and of the
+// inbox (get).
+type StoreTracer interface {
+	// TraceStoreStart is called before the call; the context it returns
+	// is the one the store gets.
+	TraceStoreStart(ctx context.Context, data TraceStoreStartData) context.Context
+	// TraceStoreEnd is called after it, with that context.
+	TraceStoreEnd(ctx context.Context, data TraceStoreEndData)
+}
+
+// TraceStoreStartData describes a store call that starts.
+type TraceStoreStartData struct {
+	Operation StoreOperation
+	Store     string
+}
+
+// TraceStoreEndData describes a store call that ended.
+type TraceStoreEndData struct {
+	Operation StoreOperation
+	Store     string
+	Result    StoreResult
+	Duration  time.Duration
+	Err       error
+}
+
+// LeaseEvent is something that happened to a lease.
+type LeaseEvent uint8
+
+// The lease events.
+const (
+	// LeaseLost: a running execution's lease was found taken over, by the
+	// heartbeat or at the completion. Reported once per execution.
+	LeaseLost LeaseEvent = iota + 1
+	// LeaseTakeover: a claim took a key over from an earlier execution
+	// whose lease had ended (it died, was cut off, or was released after
+	// it recorded steps).
+	LeaseTakeover
+	// LeaseHeartbeatFailed: an extension of a running execution's lease
+	// failed for another reason than a lost lease; it is tried again at
+	// the next tick.
+	LeaseHeartbeatFailed
+)
+
+// String returns "lost", "takeover" or "heartbeat_failed".
+func (e LeaseEvent) String() string {
+	switch e {
+	case LeaseLost:
+		return "lost"
+	case LeaseTakeover:
+		return "takeover"
+	case LeaseHeartbeatFailed:
+		return "heartbeat_failed"
+	}
+	return "unknown"
+}
+
+// LeaseTracer observes lease events.
+type LeaseTracer interface {
+	// TraceLease is called when ev happens. ctx is the operation's
+	// context for a takeover and a lost lease, and the heartbeat's, which
+	// carries the operation's values, for a heartbeat failure.
+	TraceLease(ctx context.Context, data TraceLeaseData)
+}
+
+// TraceLeaseData describes a lease event.
+type TraceLeaseData struct {
+	Event LeaseEvent
+	Store string
+	// Err is the store's error for a heartbeat failure.
+	Err error
+}
+
+// PurgeTracer observes the janitor's passes. Set the tracer in
+// JanitorConfig.Tracer.
+type PurgeTracer interface {
+	// TracePurge is called after each pass of Janitor.PurgeOnce.
+	TracePurge(ctx context.Context, data TracePurgeData)
+}
+
+// TracePurgeData describes one purge pass.
+type TracePurgeData struct {
+	Store string
+	// Deleted is how many records the pass deleted.
+	Deleted int
+	// Batches is how many Store.Purge calls it made.
+	Batches  int
+	Duration time.Duration
+	Err      error
+}
+
+// RequestOutcome is how a front end (idemhttp) answered a request.
+type RequestOutcome uint8
+
+// The outcomes of a request. Their String values are the label values
+// idemprom and idemotel report.
+const (
+	// RequestExecuted: the handler ran and its answer was stored and sent.
+	RequestExecuted RequestOutcome = iota + 1
+	// RequestReplayed: a stored answer was sent.
+	RequestReplayed
+	// RequestPassthrough: no key, and none required: the handler ran
+	// unprotected.
+	RequestPassthrough
+	// RequestInFlight: 409, another execution holds the key.
+	RequestInFlight
+	// RequestFingerprintMismatch: 422, the key was used for another request.
+	RequestFingerprintMismatch
+	// RequestLeaseLost: 409, the execution lost its key to a takeover.
+	RequestLeaseLost
+	// RequestStoreUnavailable: 503, the store failed.
+	RequestStoreUnavailable
+	// RequestKeyRequired: 400, no key where one is required.
+	RequestKeyRequired
+	// RequestInvalidKey: 400, a malformed key.
+	RequestInvalidKey
+	// RequestTooLarge: 413, the request body is over the limit.
+	RequestTooLarge
+	// RequestResponseTooLarge: 500, the answer was too large to store.
+	RequestResponseTooLarge
+	// RequestHandlerPanic: 500, the handler panicked.
+	RequestHandlerPanic
+	// RequestCancelled: the request's context ended (the client went away
+	// with CancelOnDisconnect, or the server is stopping).
+	RequestCancelled
+	// RequestReplayFailed: 500, a stored answer could not be rebuilt.
+	RequestReplayFailed
+	// RequestNotExecuted: the handler said it did not execute (NotExecuted,
+	// or an unstored status such as 404): sent, not stored.
+	RequestNotExecuted
+	// RequestReleased: the handler answered 5xx and the key was released
+	// (ReleaseOn5xx): sent, not stored.
+	RequestReleased
+	// RequestUnauthenticated: 401, the tenant could not be named.
+	RequestUnauthenticated
+	// RequestUnreadable: 400, the request body could not be read.
+	RequestUnreadable
+	// RequestIncomplete: the handler wrote less than its Content-Length:
+	// sent broken, not stored.
+	RequestIncomplete
+	// RequestInternalError: 500, any other failure (an invalid tenant, a
+	// closed engine, a success answered after a failed SQL statement).
+	RequestInternalError
+	// RequestStepNotSaved: 503, a step ran but its result was not
+	// recorded; the key is held until its lease ends.
+	RequestStepNotSaved
+
+	numRequestOutcomes = iota
+)
+
+var requestOutcomeNames = [...]string{
+	"unknown", "executed", "replayed", "passthrough", "in_flight", "fingerprint_mismatch",
+	"lease_lost", "store_unavailable", "key_required", "invalid_key", "request_too_large",
+	"response_too_large", "handler_panic", "request_cancelled", "replay_failed",
+	"not_executed", "released", "unauthenticated", "request_unreadable", "incomplete",
+	"internal_error", "step_not_saved",
+}
+
+// String returns the outcome's label value (see the constants).
+func (o RequestOutcome) String() string {
+	if int(o) < len(requestOutcomeNames) {
+		return requestOutcomeNames[o]
+	}
+	return "unknown"
+}
+
+// RequestOutcomes returns every request outcome.
+func RequestOutcomes() []RequestOutcome {
+	out := make([]RequestOutcome, 0, numRequestOutcomes)
+	for o := RequestExecuted; o <= RequestStepNotSaved; o++ {
+		out = append(out, o)
+	}
+	return out
+}
+
+// RequestTracer observes the requests of a front end such as idemhttp,
+// which finds it on its engine's Config.Tracer. Only requests of the
+// covered methods are traced.
+type RequestTracer interface {
+	// TraceRequestStart is called as a covered request arrives. The
+	// context it returns is the one the engine and the handler run under
+	// (a request that passes through without a key runs its handler under
+	// its own context).
+	TraceRequestStart(ctx context.Context, data TraceRequestStartData) context.Context
+	// TraceRequestEnd is called once the answer was sent, with that
+	// context.
+	TraceRequestEnd(ctx context.Context, data TraceRequestEndData)
+}
+
+// TraceRequestStartData describes a request that arrives.
+type TraceRequestStartData struct {
+	Method string
+	// Route is the route's pattern ("/orders/{id}"), never the raw path;
+	// "unmatched" when the router named none.
+	Route string
+}
+
+// TraceRequestEndData describes a request that was answered.
+type TraceRequestEndData struct {
+	Method  string
+	Route   string
+	Outcome RequestOutcome
+	// Status is the status sent; 0 when the request passed through (the
+	// front end did not watch the answer).
+	Status int
+	// Execution is how long the handler and the completion took; zero
+	// when the handler did not run under the engine.
+	Execution time.Duration
+	// Err is the engine's error, if any.
+	Err error
+}
+
+// MessageTracer observes the messages of a consumer inbox (ideminbox),
+// which finds it on its engine's Config.Tracer.
+type MessageTracer interface {
+	// TraceMessageStart is called when Inbox.Process starts; the context
+	// it returns is the one the engine and the handler run under.
+	TraceMessageStart(ctx context.Context, data TraceMessageStartData) context.Context
+	// TraceMessageEnd is called when Process returns, with that context.
+	TraceMessageEnd(ctx context.Context, data TraceMessageEndData)
+}
+
+// TraceMessageStartData describes a message that arrives.
+type TraceMessageStartData struct {
+	Consumer string
+	// Subject is where the message came from (subject, queue).
+	Subject string
+	// Attempt is the broker's delivery number, 0 when it keeps none.
+	Attempt int
+}
+
+// TraceMessageEndData describes a message that was processed.
+type TraceMessageEndData struct {
+	Consumer string
+	// Action is what the broker was told: "ack", "ack-duplicate",
+	// "ack-poison", "nack", "reject" or "hold" (ideminbox.Action).
+	Action string
+	Err    error
+}
+
+// classifyOperation names the outcome of Engine.Do from what it returns.
+func classifyOperation(ctx context.Context, out Outcome, err error) OperationOutcome {
+	switch {
+	case err == nil && out.Replayed:
+		return OutcomeReplayed
+	case err == nil && out.NotStored:
+		return OutcomeNotExecuted
+	case err == nil:
+		return OutcomeExecuted
+	case errors.Is(err, ErrInFlight):
+		return OutcomeInFlight
+	case errors.Is(err, ErrFingerprintMismatch):
+		return OutcomeFingerprintMismatch
+	case errors.Is(err, ErrLeaseLost):
+		return OutcomeLeaseLost
+	case isPanic(err), errors.Is(err, errGoexit):
+		return OutcomeHandlerPanic
+	case errors.Is(err, ErrClosed):
+		return OutcomeClosed
+	case errors.Is(err, ErrInvalidKey):
+		return OutcomeInvalidKey
+	case errors.Is(err, ErrStepNotSaved):
+		return OutcomeStepNotSaved
+	case errors.Is(err, ErrStore):
+		return OutcomeStoreUnavailable
+	case ctx.Err() != nil:
+		return OutcomeCancelled
+	}
+	return OutcomeHandlerError
+}
+
+// isPanic reports whether err is a *PanicError. A function of its own:
+// the target of errors.As is allocated where it is declared, which
+// classifyOperation must not pay for the answers that are no error.
+func isPanic(err error) bool {
+	var panicked *PanicError
+	return errors.As(err, &panicked)
+}
+
+// opTrace collects, during one traced Engine.Do, what the end data needs
+// beyond Do's answer.
+type opTrace struct {
+	takeover    bool
+	completedAt time.Time // of the replayed record
+}
+
+// doTraced is Engine.Do under the tracer.
+func (e *Engine) doTraced(ctx context.Context, op Operation, fn func(ctx context.Context) (Result, error)) (Outcome, error) {
+	ctx = e.tracer.TraceOperationStart(ctx, TraceOperationStartData{Tenant: op.Tenant, Key: op.Key, Store: e.info.Name})
+	var t opTrace
+	ended := false
+	defer func() {
+		if !ended {
+			// The function ended its goroutine (runtime.Goexit), or a
+			// store panicked: Do does not return, the trace still ends.
+			e.tracer.TraceOperationEnd(ctx, TraceOperationEndData{Outcome: OutcomeHandlerPanic, Store: e.info.Name,
+				Takeover: t.takeover, Err: errGoexit})
+		}
+	}()
+	out, err := e.do(ctx, op, fn, &t)
+	ended = true
+	end := TraceOperationEndData{
+		Outcome:  classifyOperation(ctx, out, err),
+		Store:    e.info.Name,
+		Takeover: t.takeover,
+		Err:      err,
+	}
+	if end.Outcome == OutcomeReplayed || end.Outcome == OutcomeExecuted {
+		end.ResponseBytes = len(out.Result.Body)
+	}
+	if end.Outcome == OutcomeReplayed && !t.completedAt.IsZero() {
+		end.ReplayAge = max(time.Since(t.completedAt), 0)
+	}
+	e.tracer.TraceOperationEnd(ctx, end)
+	return out, err
+}
+
+// traceLease reports a lease event to the tracer, when it wants them.
+func (e *Engine) traceLease(ctx context.Context, ev LeaseEvent, err error) {
+	if e.leaseTracer != nil {
+		e.leaseTracer.TraceLease(ctx, TraceLeaseData{Event: ev, Store: e.info.Name, Err: err})
+	}
+}
+
+// clockBase anchors the durations the hooks measure. time.Since of a Time
+// that carries a monotonic reading reads the monotonic clock alone, half
+// the cost of time.Now, which reads the wall clock too: it counts on a
+// path that runs them on every store call.
+var clockBase = time.Now()
+
+// monotonic returns the time elapsed since clockBase.
+func monotonic() time.Duration { return time.Since(clockBase) }
+
+// storeTrace measures one store call for a StoreTracer.
+type storeTrace struct {
+	st    StoreTracer
+	op    StoreOperation
+	store string
+	start time.Duration // monotonic()
+}
+
+// startStore begins the trace of a store call; st is not nil.
+func startStore(ctx context.Context, st StoreTracer, op StoreOperation, store string) (context.Context, storeTrace) {
+	ctx = st.TraceStoreStart(ctx, TraceStoreStartData{Operation: op, Store: store})
+	return ctx, storeTrace{st: st, op: op, store: store, start: monotonic()}
+}
+
+func (s storeTrace) end(ctx context.Context, err error) {
+	res := StoreOK
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		res = StoreLeaseLost
+	case err != nil && !errors.Is(err, ErrNotFound):
+		res = StoreFailed
+	}
+	s.st.TraceStoreEnd(ctx, TraceStoreEndData{Operation: s.op, Store: s.store, Result: res, Duration: monotonic() - s.start, Err: err})
+}
+
+// TraceStore runs call, a call of store's operation op, under tracer's
+// StoreTracer when it has one: for front ends (ideminbox) that call a
+// store directly and want the call observed like the engine's.
+func TraceStore(ctx context.Context, tracer Tracer, op StoreOperation, store string, call func(ctx context.Context) error) error {
+	st, _ := tracer.(StoreTracer)
+	if st == nil {
+		return call(ctx)
+	}
+	ctx, s := startStore(ctx, st, op, store)
+	err := call(ctx)
+	s.end(ctx, err)
+	return err
+}
+
+// The engine's store calls, traced when the tracer is a StoreTracer.
+
+func (e *Engine) claim(ctx context.Context, p ClaimParams) (ClaimResult, error) {
+	if e.storeTracer == nil {
+		return e.store.Claim(ctx, p)
+	}
+	ctx, s := startStore(ctx, e.storeTracer, StoreClaim, e.info.Name)
+	res, err := e.store.Claim(ctx, p)
+	s.end(ctx, err)
+	return res, err
+}
+
+func (e *Engine) begin(ctx context.Context) (UnitOfWork, error) {
+	if e.storeTracer == nil {
+		return e.store.Begin(ctx)
+	}
+	ctx, s := startStore(ctx, e.storeTracer, StoreBegin, e.info.Name)
+	unit, err := e.store.Begin(ctx)
+	s.end(ctx, err)
+	return unit, err
+}
+
+func (e *Engine) completeUnit(ctx context.Context, unit UnitOfWork, p CompleteParams) error {
+	if e.storeTracer == nil {
+		return unit.Complete(ctx, p)
+	}
+	ctx, s := startStore(ctx, e.storeTracer, StoreComplete, e.info.Name)
+	err := unit.Complete(ctx, p)
+	s.end(ctx, err)
+	return err
+}
+
+func (e *Engine) rollbackUnit(ctx context.Context, unit UnitOfWork) error {
+	if e.storeTracer == nil {
+		return unit.Rollback(ctx)
+	}
+	ctx, s := startStore(ctx, e.storeTracer, StoreRollback, e.info.Name)
+	err := unit.Rollback(ctx)
+	s.end(ctx, err)
+	return err
+}
+
+func (e *Engine) releaseKey(ctx context.Context, p ReleaseParams) error {
+	return releaseTraced(ctx, e.store, e.storeTracer, e.info.Name, p)
+}
+
+// saveStep is StepStore.SaveStep, traced when the tracer is a StoreTracer.
+func (st *execState) saveStep(ctx context.Context, p SaveStepParams) error {
+	if st.storeTracer == nil {
+		return st.steps.SaveStep(ctx, p)
+	}
+	ctx, s := startStore(ctx, st.storeTracer, StoreSaveStep, st.info.Store)
+	err := st.steps.SaveStep(ctx, p)
+	s.end(ctx, err)
+	return err
+}
+
+func releaseTraced(ctx context.Context, store Store, st StoreTracer, name string, p ReleaseParams) error {
+	if st == nil {
+		return store.Release(ctx, p)
+	}
+	ctx, s := startStore(ctx, st, StoreRelease, name)
+	err := store.Release(ctx, p)
+	s.end(ctx, err)
+	return err
+}
+
+// MultiTracer returns a tracer that calls each of tracers in turn, and
+// implements every optional interface, forwarding each call to those of
+// tracers that implement it. The contexts returned by the Start calls
+// are chained: each tracer starts from the previous one's. Nil tracers
+// are skipped; with none left it returns nil.
+func MultiTracer(tracers ...Tracer) Tracer {
+	m := &multiTracer{}
+	for _, t := range tracers {
+		if t == nil {
+			continue
+		}
+		m.all = append(m.all, t)
+		if s, ok := t.(StoreTracer); ok {
+			m.store = append(m.store, s)
+		}
+		if l, ok := t.(LeaseTracer); ok {
+			m.lease = append(m.lease, l)
+		}
+		if p, ok := t.(PurgeTracer); ok {
+			m.purge = append(m.purge, p)
+		}
+		if r, ok := t.(RequestTracer); ok {
+			m.request = append(m.request, r)
+		}
+		if g, ok := t.(MessageTracer); ok {
+			m.message = append(m.message, g)
+		}
+	}
+	switch len(m.all) {
+	case 0:
+		return nil
+	case 1:
+		return m.all[0]
+	}
+	return m
+}
+
+type multiTracer struct {
+	all     []Tracer
+	store   []StoreTracer
+	lease   []LeaseTracer
+	purge   []PurgeTracer
+	request []RequestTracer
+	message []MessageTracer
+}
+
+func (m *multiTracer) TraceOperationStart(ctx context.Context, data TraceOperationStartData) context.Context {
+	for _, t := range m.all {
+		ctx = t.TraceOperationStart(ctx, data)
+	}
+	return ctx
+}
+
+func (m *multiTracer) TraceOperationEnd(ctx context.Context, data TraceOperationEndData) {
+	for _, t := range m.all {
+		t.TraceOperationEnd(ctx, data)
+	}
+}
+
+func (m *multiTracer) TraceStoreStart(ctx context.Context, data TraceStoreStartData) context.Context {
+	for _, t := range m.store {
+		ctx = t.TraceStoreStart(ctx, data)
+	}
+	return ctx
+}
+
+func (m *multiTracer) TraceStoreEnd(ctx context.Context, data TraceStoreEndData) {
+	for _, t := range m.store {
+		t.TraceStoreEnd(ctx, data)
+	}
+}
+
+func (m *multiTracer) TraceLease(ctx context.Context, data TraceLeaseData) {
+	for _, t := range m.lease {
+		t.TraceLease(ctx, data)
+	}
+}
+
+func (m *multiTracer) TracePurge(ctx context.Context, data TracePurgeData) {
+	for _, t := range m.purge {
+		t.TracePurge(ctx, data)
+	}
+}
+
+func (m *multiTracer) TraceRequestStart(ctx context.Context, data TraceRequestStartData) context.Context {
+	for _, t := range m.request {
+		ctx = t.TraceRequestStart(ctx, data)
+	}
+	return ctx
+}
+
+func (m *multiTracer) TraceRequestEnd(ctx context.Context, data TraceRequestEndData) {
+	for _, t := range m.request {
+		t.TraceRequestEnd(ctx, data)
+	}
+}
+
+func (m *multiTracer) TraceMessageStart(ctx context.Context, data TraceMessageStartData) context.Context {
+	for _, t := range m.message {
+		ctx = t.TraceMessageStart(ctx, data)
+	}
+	return ctx
+}
+
+func (m *multiTracer) TraceMessageEnd(ctx context.Context, data TraceMessageEndData) {
+	for _, t := range m.message {
+		t.TraceMessageEnd(ctx, data)
+	}
+}
