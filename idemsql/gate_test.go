@@ -172,7 +172,7 @@ func TestGateOwners(t *testing.T) {
 	if skipped, err := g.acquireExtend(bounded, 0, later); !skipped || err != nil {
 		t.Fatalf("an extension while its unit holds the lock: skipped %v, %v", skipped, err)
 	}
-	if owed := g.disown(l); owed == nil || owed.Lease != later.Lease {
+	if owed, _ := g.disown(l); owed == nil || owed.Lease != later.Lease {
 		t.Fatalf("owed %+v, want the last skipped extension", owed)
 	}
 	g.release()
