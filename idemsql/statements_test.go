@@ -178,8 +178,10 @@ func kinds(stmts []string) []string {
 	for i, s := range stmts {
 		f := strings.Fields(s)
 		switch {
-		case strings.HasPrefix(s, "INSERT INTO idem_keys"):
+		case strings.HasPrefix(s, "INSERT INTO idem_keys"), strings.HasPrefix(s, "WITH prev AS"):
 			out[i] = "claim"
+		case strings.HasPrefix(s, "SELECT tenant_id") && strings.Contains(s, "state = 'complete' AND expires_at >"):
+			out[i] = "peek"
 		case strings.HasPrefix(s, "UPDATE idem_keys SET state = 'complete'"):
 			out[i] = "complete"
 		case len(f) >= 3:

@@ -79,8 +79,8 @@ func TestTransactionBeginsAtFirstStatement(t *testing.T) {
 		log.take()
 
 		do("unused", noop)
-		if got := kinds(log.take()); !slices.Equal(got, []string{"claim", "complete"}) {
-			t.Errorf("an execution that made no statement sent %q, want the claim and the completion alone", got)
+		if got := kinds(log.take()); !slices.Equal(got, []string{"peek", "claim", "complete"}) {
+			t.Errorf("an execution that made no statement sent %q, want the read before the claim, the claim and the completion alone", got)
 		}
 
 		entered, proceed := make(chan struct{}), make(chan struct{})
@@ -98,8 +98,8 @@ func TestTransactionBeginsAtFirstStatement(t *testing.T) {
 		if n := db.Stats().InUse; n != 0 {
 			t.Errorf("%d connections in use while the handler has made no statement, want 0", n)
 		}
-		if got := kinds(log.take()); !slices.Equal(got, []string{"claim"}) {
-			t.Errorf("before the handler's first statement: %q, want the claim alone", got)
+		if got := kinds(log.take()); !slices.Equal(got, []string{"peek", "claim"}) {
+			t.Errorf("before the handler's first statement: %q, want the read before the claim and the claim alone", got)
 		}
 		close(proceed)
 		<-done
