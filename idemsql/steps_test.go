@@ -662,3 +662,36 @@ func TestReplayTakesNoLock(t *testing.T) {
 		}
 	})
 }
+
+// TestStepOrderAcrossRollback: steps keep the order they were saved in
+// when the handler rolls its transaction back between two of them (on
+// SQLite the first went to the journal, the second to the record).
+func TestStepOrderAcrossRollback(t *testing.T) {
+	forEachDialect(t, func(t *testing.T, env *testDB) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		engine := newEngine(t, env.store, nil)
+		op := idem.Operation{Tenant: newName("tenant"), Key: "pay-1"}
+		_, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
+			if err := env.businessWrite(ctx, "x"); err != nil {
+				return idem.Result{}, err
+			}
+			if _, err := idem.Step(ctx, "first", func(context.Context) (int, error) { return 1, nil }); err != nil {
+				return idem.Result{}, err
+			}
+			if err := idemsql.TxFromContext(ctx).Rollback(); err != nil {
+				return idem.Result{}, err
+			}
+			if _, err := idem.Step(ctx, "second", func(context.Context) (int, error) { return 2, nil }); err != nil {
+				return idem.Result{}, err
+			}
+			return idem.Result{Status: 402}, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := stepNames(mustGet(t, env.store, op.Tenant, op.Key).Steps); !slices.Equal(got, []string{"first", "second"}) {
+			t.Fatalf("steps %q, want first then second", got)
+		}
+	})
+}
