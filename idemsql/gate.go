@@ -2,6 +2,7 @@ package idemsql
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -42,6 +43,10 @@ type gate struct {
 // owner is a unit of work whose transaction holds the write lock, seen
 // from the gate.
 type owner struct {
+	// conn is the connection of its transaction, on which a step saved
+	// for its lease reads the record: the pool may have no other to give
+	// (a pool of one connection).
+	conn *sql.Conn
 	owed *idem.ExtendParams // the last extension skipped for its lease
 	// saves counts the steps being written to the journal for its lease;
 	// counted under gate.mu while the owner is in gate.owners, so that
@@ -212,12 +217,12 @@ func (g *gate) release() {
 }
 
 // own records that the holder of the gate, a unit of work running under
-// l, now holds the write lock in its transaction, and excuses the
+// l, now holds the write lock in its transaction on conn, and excuses the
 // extensions and the steps of l already waiting.
-func (g *gate) own(l lease) {
+func (g *gate) own(l lease, conn *sql.Conn) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	o := &owner{}
+	o := &owner{conn: conn}
 	g.owners[l] = o
 	kept := g.urgent[:0]
 	for _, w := range g.urgent {

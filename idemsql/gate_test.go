@@ -156,7 +156,7 @@ func TestGateOwners(t *testing.T) {
 		waiting <- skipped
 	}()
 	g.queued(1, 0)
-	g.own(l) // ...and then its transaction the lock
+	g.own(l, nil) // ...and then its transaction the lock
 	if !<-waiting {
 		t.Fatal("the extension waiting when its unit took the lock was not skipped")
 	}

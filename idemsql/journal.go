@@ -92,8 +92,9 @@ var errNoJournal = errors.New("idemsql: the SQLite database is not a file, so it
 
 // journalDB returns the journal, opening it when needed. When create is
 // false and the journal does not exist yet, it returns nil: there are no
-// rows to read.
-func (s *Store) journalDB(ctx context.Context, create bool) (*sql.DB, error) {
+// rows to read. It finds the main file through q when it must (the pool,
+// or the connection of a transaction when the pool may have no other).
+func (s *Store) journalDB(ctx context.Context, q querier, create bool) (*sql.DB, error) {
 	j := s.journal
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -102,7 +103,7 @@ func (s *Store) journalDB(ctx context.Context, create bool) (*sql.DB, error) {
 	}
 	if j.path == "" {
 		var file string
-		err := s.db.QueryRowContext(ctx, `SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file)
+		err := q.QueryRowContext(ctx, `SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file)
 		if err != nil {
 			return nil, fmt.Errorf("idemsql: step journal: %w", err)
 		}
@@ -159,6 +160,11 @@ func (s *Store) openJournal(ctx context.Context, path string) (*sql.DB, error) {
 	return db, nil
 }
 
+// querier is what reads a row: a *sql.DB or a *sql.Conn.
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
 // journalConnector opens connections to the journal and sets their busy
 // timeout, whatever the driver's own settings in a DSN.
 type journalConnector struct {
@@ -203,9 +209,9 @@ func execDriver(ctx context.Context, conn driver.Conn, q string) error {
 
 // journalSteps returns the journal's rows for the execution holding
 // (tenant, key) under token, concatenated in order: encoded steps, nil
-// for none.
-func (s *Store) journalSteps(ctx context.Context, tenant, key string, token int64) ([]byte, error) {
-	j, err := s.journalDB(ctx, false)
+// for none. q is as for journalDB.
+func (s *Store) journalSteps(ctx context.Context, q querier, tenant, key string, token int64) ([]byte, error) {
+	j, err := s.journalDB(ctx, q, false)
 	if err != nil || j == nil {
 		return nil, err
 	}
@@ -233,7 +239,7 @@ WHERE tenant_id = ? AND idem_key = ? AND lease_token = ? ORDER BY seq`, tenant, 
 // they are in the steps column. A failure leaves rows that are read
 // twice, which is harmless (see the journal's rules), until Purge's sweep.
 func (s *Store) dropJournal(ctx context.Context, tenant, key string, token int64) {
-	j, err := s.journalDB(ctx, false)
+	j, err := s.journalDB(ctx, s.db, false)
 	if err != nil || j == nil {
 		return
 	}
@@ -252,7 +258,7 @@ func (s *Store) dropJournal(ctx context.Context, tenant, key string, token int64
 // needs no lock on the main file. It walks the journal from where the
 // previous sweep stopped, so that rows still in use do not hold it up.
 func (s *Store) sweepJournal(ctx context.Context, limit int64) error {
-	j, err := s.journalDB(ctx, false)
+	j, err := s.journalDB(ctx, s.db, false)
 	if err != nil || j == nil {
 		return err
 	}

@@ -58,13 +58,15 @@ func (s *Store) SaveStep(ctx context.Context, p idem.SaveStepParams) error {
 // saveToJournal writes step to the journal for the execution p, whose
 // unit of work o holds SQLite's write lock, after checking that the
 // record is in flight under p.Token: while that transaction holds the
-// lock, no other writer can change it. o waits for this write before its
-// transaction gives the lock up.
+// lock, no other writer can change it. The check reads on the
+// transaction's own connection (the pool may have no other), which sees
+// the last commit, since the handler does not write idem_keys. o waits for
+// this write before its transaction gives the lock up.
 func (s *Store) saveToJournal(ctx context.Context, o *owner, p idem.SaveStepParams, step []byte) (err error) {
 	journaled := false
 	defer func() { s.writes.stepDone(o, journaled) }()
 	var one int
-	err = s.db.QueryRowContext(ctx, s.d.held.text, s.d.held.args(map[string]any{
+	err = o.conn.QueryRowContext(ctx, s.d.held.text, s.d.held.args(map[string]any{
 		"tenant": p.Tenant, "key": p.Key, "token": p.Token,
 	})...).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -73,7 +75,7 @@ func (s *Store) saveToJournal(ctx context.Context, o *owner, p idem.SaveStepPara
 	if err != nil {
 		return fmt.Errorf("idemsql: save step: %w", err)
 	}
-	j, err := s.journalDB(ctx, true)
+	j, err := s.journalDB(ctx, o.conn, true)
 	if err != nil {
 		return fmt.Errorf("idemsql: save step: %w", err)
 	}
@@ -90,14 +92,14 @@ func (s *Store) saveToJournal(ctx context.Context, o *owner, p idem.SaveStepPara
 }
 
 // foldJournal moves the journal's rows of the execution l into the steps
-// of its record, on db: the unit's connection, inside the transaction
+// of its record, on conn: the unit's connection, inside the transaction
 // that is about to end. It reports whether there were rows to move.
-func (s *Store) foldJournal(ctx context.Context, db execer, l lease) (bool, error) {
-	journaled, err := s.journalSteps(ctx, l.tenant, l.key, l.token)
+func (s *Store) foldJournal(ctx context.Context, conn *sql.Conn, l lease) (bool, error) {
+	journaled, err := s.journalSteps(ctx, conn, l.tenant, l.key, l.token)
 	if err != nil || len(journaled) == 0 {
 		return false, err
 	}
-	_, err = db.ExecContext(ctx, s.d.saveStep.text, s.d.saveStep.args(map[string]any{
+	_, err = conn.ExecContext(ctx, s.d.saveStep.text, s.d.saveStep.args(map[string]any{
 		"tenant": l.tenant, "key": l.key, "token": l.token, "step": journaled,
 	})...)
 	return err == nil, err

@@ -695,3 +695,35 @@ func TestStepOrderAcrossRollback(t *testing.T) {
 		}
 	})
 }
+
+// TestStepWithOneConnection: on SQLite with a pool of one connection, the
+// handler's transaction holds the only one when it saves a step: the step
+// is saved without another.
+func TestStepWithOneConnection(t *testing.T) {
+	t.Parallel()
+	env := newTestDB(t, idemsql.SQLite)
+	env.db.SetMaxOpenConns(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	engine := newEngine(t, env.store, nil)
+	op := idem.Operation{Tenant: newName("tenant"), Key: "pay-1"}
+	failure := errors.New("failed after the charge")
+	var steps stepCounter
+	for _, want := range []error{failure, nil} {
+		_, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
+			if err := env.businessWrite(ctx, "x"); err != nil {
+				return idem.Result{}, err
+			}
+			if _, err := idem.Step(ctx, "charge", steps.charge); err != nil {
+				return idem.Result{}, err
+			}
+			return idem.Result{Status: 201}, want
+		})
+		if !errors.Is(err, want) {
+			t.Fatalf("Do = %v, want %v", err, want)
+		}
+	}
+	if n := steps.runs.Load(); n != 1 {
+		t.Fatalf("the charge ran %d times", n)
+	}
+}

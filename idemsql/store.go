@@ -304,7 +304,7 @@ func (s *Store) claimExisting(ctx context.Context, conn *sql.Conn, p idem.ClaimP
 	case expired || ended:
 		out = claimOutcome{won: true, takeover: !expired, stepsKnown: true}
 		if out.takeover {
-			journaled, err := s.journalSteps(ctx, rec.Tenant, rec.Key, rec.LeaseToken)
+			journaled, err := s.journalSteps(ctx, conn, rec.Tenant, rec.Key, rec.LeaseToken)
 			if err != nil {
 				return claimOutcome{}, err
 			}
@@ -467,7 +467,7 @@ func (s *Store) releaseOnce(ctx context.Context, p idem.ReleaseParams, values ma
 		// With the gate held, no step of this execution can reach the
 		// journal: its unit of work has ended (the engine releases after
 		// the rollback), and a step saved now waits for the gate.
-		journaled, err := s.journalSteps(ctx, p.Tenant, p.Key, p.Token)
+		journaled, err := s.journalSteps(ctx, s.db, p.Tenant, p.Key, p.Token)
 		if err != nil {
 			return err
 		}
@@ -503,7 +503,7 @@ func (s *Store) Get(ctx context.Context, tenant, key string) (*idem.Record, erro
 		return nil, fmt.Errorf("idemsql: get: %w", err)
 	}
 	if s.d.kind == kindSQLite {
-		journaled, err := s.journalSteps(ctx, tenant, key, rec.LeaseToken)
+		journaled, err := s.journalSteps(ctx, s.db, tenant, key, rec.LeaseToken)
 		if err != nil {
 			return nil, fmt.Errorf("idemsql: get: %w", err)
 		}

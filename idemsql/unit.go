@@ -183,7 +183,7 @@ func (u *unit) begin(ctx context.Context) error {
 		if x, ok := idem.ExecutionFromContext(ctx); ok {
 			u.lease = lease{x.Tenant, x.Key, x.LeaseToken}
 			u.isOwner = true
-			s.writes.own(u.lease)
+			s.writes.own(u.lease, conn)
 		}
 	}
 	return nil
