@@ -72,6 +72,15 @@
 // for none, not even for SQLite's write lock held by another execution. A
 // first execution costs the read, the claim and the completion.
 //
+// On SQLite in WAL mode (idemsqlite.Open's), the claim of a new key
+// commits without waiting for the disk (synchronous = NORMAL for that
+// statement alone), so that a first execution waits for the disk once,
+// with its completion, as the bare handler does with its commit. Nothing
+// is lost when the process crashes. A crash of the machine can lose the
+// claims whose executions had made nothing durable since (no completion,
+// release or step): their keys are then absent, and a retry runs the
+// operation once.
+//
 // # Recovery points
 //
 // The Store keeps idem.Step's recovery points (it implements

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -163,6 +164,29 @@ func (s *Store) openJournal(ctx context.Context, path string) (*sql.DB, error) {
 // querier is what reads a row: a *sql.DB or a *sql.Conn.
 type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// syncWAL flushes the main database's WAL file to the disk, and with it
+// every commit written to it, when claims commit without waiting for the
+// disk (see Store.asyncClaim). A WAL file that is not there holds nothing:
+// its frames were checkpointed into the database file, which the
+// checkpoint flushed.
+func (s *Store) syncWAL() error {
+	if s.claimSync.Load() <= 0 {
+		return nil
+	}
+	s.journal.mu.Lock()
+	path := strings.TrimSuffix(s.journal.path, journalSuffix)
+	s.journal.mu.Unlock()
+	f, err := os.Open(path + "-wal")
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // journalConnector opens connections to the journal and sets their busy

@@ -79,6 +79,14 @@ func (s *Store) saveToJournal(ctx context.Context, o *owner, p idem.SaveStepPara
 	if err != nil {
 		return fmt.Errorf("idemsql: save step: %w", err)
 	}
+	// The journal's commit flushes its own file only: flush the main
+	// file's WAL first, which may end with the execution's claim,
+	// committed without waiting for the disk (see asyncClaim). A step
+	// recorded for a claim a crash of the machine could lose would be
+	// found by nobody.
+	if err := s.syncWAL(); err != nil {
+		return fmt.Errorf("idemsql: save step: %w", err)
+	}
 	journaled = true
 	err = s.retry(ctx, func() error {
 		_, err := j.ExecContext(ctx, `INSERT INTO idem_steps (tenant_id, idem_key, lease_token, step) VALUES (?, ?, ?, ?)`,

@@ -2,6 +2,7 @@ package idemsql_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -725,5 +726,39 @@ func TestStepWithOneConnection(t *testing.T) {
 	}
 	if n := steps.runs.Load(); n != 1 {
 		t.Fatalf("the charge ran %d times", n)
+	}
+}
+
+// TestAsyncClaimRestoresSync: on SQLite a claim of a new key commits
+// without waiting for the disk, and puts its connection's synchronous
+// setting back: no other transaction on the pool ever commits so.
+func TestAsyncClaimRestoresSync(t *testing.T) {
+	t.Parallel()
+	env := newTestDB(t, idemsql.SQLite)
+	ctx := context.Background()
+	tenant := newName("tenant")
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Go(func() {
+			if _, err := env.store.Claim(ctx, claimParams(tenant, fmt.Sprint("order-", i), "fp")); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	open := env.db.Stats().OpenConnections
+	conns := make([]*sql.Conn, open)
+	for i := range conns {
+		conns[i] = must(env.db.Conn(ctx))
+		defer conns[i].Close()
+	}
+	for i, c := range conns {
+		var sync int
+		if err := c.QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&sync); err != nil {
+			t.Fatal(err)
+		}
+		if sync != 2 {
+			t.Errorf("connection %d of %d: synchronous = %d after the claims, want 2 (FULL)", i, open, sync)
+		}
 	}
 }

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -36,6 +39,14 @@ type Store struct {
 	busyLimit atomic.Int64
 	// SQLite only: the step journal (see journal.go).
 	journal *journal
+	// SQLite only: the synchronous setting a claim of a new key restores
+	// after committing without waiting for the disk, read once: 0
+	// unknown, -1 claims commit as everything else (not in WAL mode, or
+	// already not synchronous), or the setting (2 FULL, 3 EXTRA).
+	claimSync atomic.Int32
+
+	// stmts holds the statements prepared on db (see prepared), by text.
+	stmts sync.Map
 
 	// MySQL only: whether InnoDB rolls the whole transaction back on a
 	// lock wait timeout (innodb_rollback_on_timeout), read once: 0
@@ -184,7 +195,7 @@ func (s *Store) peek(ctx context.Context, tenant, key string) (*idem.Record, boo
 // read runs q, a select of recordColumns (and extra) by tenant and key,
 // on the pool. It returns the steps as stored, undecoded.
 func (s *Store) read(ctx context.Context, q query, tenant, key string, extra ...any) (*idem.Record, []byte, error) {
-	row := s.db.QueryRowContext(ctx, q.text, q.args(map[string]any{"tenant": tenant, "key": key})...)
+	row := s.prepared(ctx, q).QueryRowContext(ctx, q.args(map[string]any{"tenant": tenant, "key": key})...)
 	rec, steps, err := scanRecord(s.d, row, extra...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil, idem.ErrNotFound
@@ -200,7 +211,7 @@ func (s *Store) read(ctx context.Context, q query, tenant, key string, extra ...
 // that the engine releases it (and Release keeps the steps).
 func (s *Store) won(ctx context.Context, p idem.ClaimParams, out claimOutcome) (idem.ClaimResult, error) {
 	if out.takeover && !out.stepsKnown {
-		err := s.db.QueryRowContext(ctx, s.d.stepsOf.text, s.d.stepsOf.args(map[string]any{
+		err := s.prepared(ctx, s.d.stepsOf).QueryRowContext(ctx, s.d.stepsOf.args(map[string]any{
 			"tenant": p.Tenant, "key": p.Key, "token": p.Token,
 		})...).Scan(&out.steps)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
@@ -217,6 +228,35 @@ func (s *Store) won(ctx context.Context, p idem.ClaimParams, out claimOutcome) (
 
 // claimOnce runs the claim once. exists says that peek found a record.
 func (s *Store) claimOnce(ctx context.Context, p idem.ClaimParams, args []any, exists bool) (claimOutcome, error) {
+	if s.d.kind == kindSQLite {
+		return s.claimSQLite(ctx, p, args, exists)
+	}
+	// A statement prepared once on the pool: MySQL's driver otherwise
+	// prepares, executes and closes the statement at every claim, two
+	// round trips and a packet instead of one round trip.
+	claim := s.prepared(ctx, s.d.claim)
+	if s.d.claimReturns {
+		var out claimOutcome
+		var token int64
+		err := claim.QueryRowContext(ctx, args...).Scan(&token, &out.steps, &out.takeover)
+		if errors.Is(err, sql.ErrNoRows) {
+			return claimOutcome{}, nil
+		}
+		out.won, out.stepsKnown = err == nil, true
+		return out, err
+	}
+	res, err := claim.ExecContext(ctx, args...)
+	if err != nil {
+		return claimOutcome{}, err
+	}
+	// See mysqlDialect.claim: 0 lost, 1 won, 2 won by a takeover.
+	id, err := res.LastInsertId()
+	return claimOutcome{won: id == 1 || id == 2, takeover: id == 2, stepsKnown: id != 2}, err
+}
+
+// claimSQLite claims on SQLite: one INSERT for a key without a record,
+// claimExisting for one with a record.
+func (s *Store) claimSQLite(ctx context.Context, p idem.ClaimParams, args []any, exists bool) (claimOutcome, error) {
 	// The write lock and the connection first, so that failing to get
 	// them is told apart from a statement cancelled once sent.
 	if err := s.lockWrites(ctx); err != nil {
@@ -228,37 +268,74 @@ func (s *Store) claimOnce(ctx context.Context, p idem.ClaimParams, args []any, e
 		return claimOutcome{}, idem.NotApplied(err)
 	}
 	defer conn.Close()
-	switch {
-	case s.d.kind == kindSQLite:
-		if !exists {
-			var token int64
-			err := conn.QueryRowContext(ctx, s.d.claim.text, args...).Scan(&token)
-			if err == nil {
-				return claimOutcome{won: true, stepsKnown: true}, nil
-			}
-			if !errors.Is(err, sql.ErrNoRows) {
-				return claimOutcome{}, err
-			}
-			// A record was made since peek.
+	if !exists {
+		restore, err := s.asyncClaim(ctx, conn)
+		if err != nil {
+			return claimOutcome{}, idem.NotApplied(err)
 		}
-		return s.claimExisting(ctx, conn, p)
-	case s.d.claimReturns:
-		var out claimOutcome
 		var token int64
-		err := conn.QueryRowContext(ctx, s.d.claim.text, args...).Scan(&token, &out.steps, &out.takeover)
-		if errors.Is(err, sql.ErrNoRows) {
-			return claimOutcome{}, nil
+		err = conn.QueryRowContext(ctx, s.d.claim.text, args...).Scan(&token)
+		restore()
+		if err == nil {
+			return claimOutcome{won: true, stepsKnown: true}, nil
 		}
-		out.won, out.stepsKnown = err == nil, true
-		return out, err
+		if !errors.Is(err, sql.ErrNoRows) {
+			return claimOutcome{}, err
+		}
+		// A record was made since peek.
 	}
-	res, err := conn.ExecContext(ctx, s.d.claim.text, args...)
-	if err != nil {
-		return claimOutcome{}, err
+	return s.claimExisting(ctx, conn, p)
+}
+
+// asyncClaim sets conn up, on SQLite in WAL mode, so that the claim of a
+// new key commits without waiting for the disk (synchronous = NORMAL for
+// that one statement), and returns what sets it back. A handler's write
+// pays one flush to the disk with its commit, the bare handler's; without
+// this, the claim would pay a second one, while holding SQLite's only
+// write lock, which every other writer waits for.
+//
+// What that keeps. In WAL mode a commit appends to the WAL file; a
+// synchronous one then flushes the file, and with it every commit before
+// its own. The execution's later writes that must last are synchronous:
+// its completion, a release, a step saved on the record; a step saved to
+// the journal flushes the WAL first (syncWAL). So a crash of the process
+// loses nothing (the WAL is written), and a crash of the machine can lose
+// only claims whose executions had made nothing durable since: after it,
+// their keys are absent (a claim of a new key replaced nothing), and a
+// retry runs the operation once, as it would after a crash before the
+// claim. idempg's claims make the same bargain with PostgreSQL's
+// synchronous_commit.
+//
+// The setting goes back before conn returns to the pool, or conn is
+// closed: no other transaction ever commits under it.
+func (s *Store) asyncClaim(ctx context.Context, conn *sql.Conn) (restore func(), err error) {
+	setting := s.claimSync.Load()
+	if setting == 0 {
+		var mode string
+		var sync int32
+		if err := conn.QueryRowContext(ctx, `SELECT journal_mode, synchronous FROM pragma_journal_mode, pragma_synchronous`).Scan(&mode, &sync); err != nil {
+			return nil, err
+		}
+		setting = -1
+		if strings.EqualFold(mode, "wal") && sync >= 2 {
+			setting = sync
+		}
+		s.claimSync.Store(setting)
 	}
-	// See mysqlDialect.claim: 0 lost, 1 won, 2 won by a takeover.
-	id, err := res.LastInsertId()
-	return claimOutcome{won: id == 1 || id == 2, takeover: id == 2, stepsKnown: id != 2}, err
+	if setting < 0 {
+		return func() {}, nil
+	}
+	if _, err := conn.ExecContext(ctx, `PRAGMA synchronous = NORMAL`); err != nil {
+		discard(conn)
+		return nil, err
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if _, err := conn.ExecContext(ctx, `PRAGMA synchronous = `+strconv.Itoa(int(setting))); err != nil {
+			discard(conn)
+		}
+	}, nil
 }
 
 // claimExisting claims, on SQLite, a key that has a record, in one
@@ -676,6 +753,44 @@ func (s *Store) writeLimit(ctx context.Context) time.Duration {
 	}
 	s.busyLimit.Store(ms)
 	return time.Duration(ms) * time.Millisecond
+}
+
+// prepared returns q prepared on the Store's pool, once for the Store's
+// life; database/sql prepares it again on each connection that runs it,
+// once. Where preparing fails, it returns a statement that prepares at
+// each run, as a plain query does.
+func (s *Store) prepared(ctx context.Context, q query) preparedStmt {
+	if st, ok := s.stmts.Load(q.text); ok {
+		return st.(*sql.Stmt)
+	}
+	st, err := s.db.PrepareContext(ctx, q.text)
+	if err != nil {
+		return unprepared{s.db, q.text}
+	}
+	if prev, loaded := s.stmts.LoadOrStore(q.text, st); loaded {
+		st.Close()
+		return prev.(*sql.Stmt)
+	}
+	return st
+}
+
+// preparedStmt is a *sql.Stmt, or a query run as is (unprepared).
+type preparedStmt interface {
+	ExecContext(ctx context.Context, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, args ...any) *sql.Row
+}
+
+type unprepared struct {
+	db   *sql.DB
+	text string
+}
+
+func (u unprepared) ExecContext(ctx context.Context, args ...any) (sql.Result, error) {
+	return u.db.ExecContext(ctx, u.text, args...)
+}
+
+func (u unprepared) QueryRowContext(ctx context.Context, args ...any) *sql.Row {
+	return u.db.QueryRowContext(ctx, u.text, args...)
 }
 
 // nullBytes stores an empty fingerprint or body as NULL, which reads back
