@@ -60,8 +60,8 @@ func TestTxFromContext(t *testing.T) {
 // TestTransactionBeginsAtFirstStatement: the handler's transaction, and
 // its connection, are taken at its first statement: a handler busy with
 // something else first holds no connection, and one that makes no
-// statement costs a single statement after the claim, the fenced
-// completion, with no transaction around it.
+// statement costs a single statement after the read and the claim, the
+// fenced completion, with no transaction around it.
 func TestTransactionBeginsAtFirstStatement(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, env *testDB) {
 		ctx := context.Background()
