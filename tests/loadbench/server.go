@@ -118,8 +118,8 @@ type database struct {
 	base   string
 	schema string
 	pool   *pgxpool.Pool
-	writes atomic.Int64 // writes to PostgreSQL, see countingConn; statements on database/sql
-	reads  atomic.Int64
+	writes atomic.Int64 // writes to PostgreSQL, see countingConn; statements run on database/sql
+	reads  atomic.Int64 // reads from PostgreSQL; statements prepared on database/sql
 
 	// With -store mysql or sqlite (see sqlstore.go): the database/sql
 	// handle instead of pool, its idemsql dialect, and how to remove the

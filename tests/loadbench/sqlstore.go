@@ -131,7 +131,7 @@ func openSQLDatabase(ctx context.Context, store, dsn string, conns int) (*databa
 	default:
 		return nil, fmt.Errorf("-store %q: want postgres, mysql or sqlite", store)
 	}
-	db.sql = sql.OpenDB(countingConnector{connector, &db.writes})
+	db.sql = sql.OpenDB(countingConnector{connector, &db.writes, &db.reads})
 	db.sql.SetMaxOpenConns(conns)
 	db.sql.SetMaxIdleConns(conns)
 	if err := idemmigrate.Migrate(ctx, db.sql, db.dialect.MigrateDialect()); err != nil {
@@ -161,10 +161,11 @@ type dsnConnector struct {
 func (c dsnConnector) Connect(context.Context) (driver.Conn, error) { return c.drv.Open(c.dsn) }
 func (c dsnConnector) Driver() driver.Driver                        { return c.drv }
 
-// countingConnector counts the statements its connections run.
+// countingConnector counts the statements its connections run, and the
+// statements they prepare.
 type countingConnector struct {
 	driver.Connector
-	n *atomic.Int64
+	n, prepares *atomic.Int64
 }
 
 func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -172,14 +173,14 @@ func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &countingSQLConn{Conn: conn, n: c.n}, nil
+	return &countingSQLConn{Conn: conn, n: c.n, prepares: c.prepares}, nil
 }
 
 // countingSQLConn passes database/sql's optional interfaces through to the
 // driver's connection, counting each statement.
 type countingSQLConn struct {
 	driver.Conn
-	n *atomic.Int64
+	n, prepares *atomic.Int64
 }
 
 func (c *countingSQLConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
@@ -206,12 +207,65 @@ func (c *countingSQLConn) QueryContext(ctx context.Context, q string, args []dri
 	return rows, err
 }
 
+// PrepareContext counts a prepare in db.reads (MySQL's driver prepares a
+// query with arguments before running it, a round trip of its own), and
+// the statement at each run.
 func (c *countingSQLConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
-	c.n.Add(1)
+	c.prepares.Add(1)
+	var st driver.Stmt
+	var err error
 	if p, ok := c.Conn.(driver.ConnPrepareContext); ok {
-		return p.PrepareContext(ctx, q)
+		st, err = p.PrepareContext(ctx, q)
+	} else {
+		st, err = c.Conn.Prepare(q)
 	}
-	return c.Conn.Prepare(q)
+	if err != nil {
+		return nil, err
+	}
+	return &countingStmt{Stmt: st, conn: c.Conn, n: c.n}, nil
+}
+
+// countingStmt counts its runs.
+type countingStmt struct {
+	driver.Stmt
+	conn driver.Conn
+	n    *atomic.Int64
+}
+
+func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	s.n.Add(1)
+	if e, ok := s.Stmt.(driver.StmtExecContext); ok {
+		return e.ExecContext(ctx, args)
+	}
+	//lint:ignore SA1019 the fallback database/sql itself uses
+	return s.Stmt.Exec(values(args))
+}
+
+func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	s.n.Add(1)
+	if q, ok := s.Stmt.(driver.StmtQueryContext); ok {
+		return q.QueryContext(ctx, args)
+	}
+	//lint:ignore SA1019 the fallback database/sql itself uses
+	return s.Stmt.Query(values(args))
+}
+
+func (s *countingStmt) CheckNamedValue(v *driver.NamedValue) error {
+	if n, ok := s.Stmt.(driver.NamedValueChecker); ok {
+		return n.CheckNamedValue(v)
+	}
+	if n, ok := s.conn.(driver.NamedValueChecker); ok {
+		return n.CheckNamedValue(v)
+	}
+	return driver.ErrSkip
+}
+
+func values(args []driver.NamedValue) []driver.Value {
+	out := make([]driver.Value, len(args))
+	for i, a := range args {
+		out[i] = a.Value
+	}
+	return out
 }
 
 func (c *countingSQLConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -429,10 +483,10 @@ func writeSQLReport(w io.Writer, m machine, b *bench, rounds, conns int, slice t
 	fmt.Fprintf(w, "- load average (1 5 15 min): %s before, %s after\n", m.loadBefore, m.loadAfter)
 	fmt.Fprintf(w, "- %d clients, pool of %d connections, %s per scenario per round in slices of %s (scenarios alternate every slice, order rotated), %d rounds\n\n",
 		b.clients, conns, b.duration, slice, rounds)
-	fmt.Fprintf(w, "| scenario | req/s | p50 | p99 | × (a), median | × (a), min–max | statements/req | Go CPU/req | failures |\n")
-	fmt.Fprintf(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	fmt.Fprintf(w, "| scenario | req/s | p50 | p99 | × (a), median | × (a), min–max | statements/req | prepares/req | Go CPU/req | failures |\n")
+	fmt.Fprintf(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, sc := range b.scenarios {
-		var rps, ratios, stmts []float64
+		var rps, ratios, stmts, prepares []float64
 		var p50, p99, goCPU []time.Duration
 		failures := 0
 		for _, p := range phases {
@@ -442,6 +496,7 @@ func writeSQLReport(w io.Writer, m machine, b *bench, rounds, conns int, slice t
 			rps = append(rps, p.throughput())
 			ratios = append(ratios, p.throughput()/baseline(phases, p.round))
 			stmts = append(stmts, p.perRequest(p.writes))
+			prepares = append(prepares, p.perRequest(p.reads))
 			p50 = append(p50, p.percentile(0.50))
 			p99 = append(p99, p.percentile(0.99))
 			goCPU = append(goCPU, p.cpuUse().selfPerReq)
@@ -450,19 +505,19 @@ func writeSQLReport(w io.Writer, m machine, b *bench, rounds, conns int, slice t
 		if len(rps) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "| (%s) %s | %.0f | %s | %s | **%.2f** | %.2f–%.2f | %.2f | %s | %d |\n", sc.id, sc.name,
+		fmt.Fprintf(w, "| (%s) %s | %.0f | %s | %s | **%.2f** | %.2f–%.2f | %.2f | %.2f | %s | %d |\n", sc.id, sc.name,
 			median(rps), ms(median(p50)), ms(median(p99)), median(ratios),
-			slices.Min(ratios), slices.Max(ratios), median(stmts), us(median(goCPU)), failures)
+			slices.Min(ratios), slices.Max(ratios), median(stmts), median(prepares), us(median(goCPU)), failures)
 	}
-	fmt.Fprintf(w, "\nMedians over the rounds; each ratio is taken within its round against (a) of that round. Statements are those database/sql sent (BEGIN, COMMIT, SAVEPOINT included). Go CPU is this whole process: HTTP server, handlers, idem, the driver, the HTTP clients, and on SQLite the database itself.\n\n")
+	fmt.Fprintf(w, "\nMedians over the rounds; each ratio is taken within its round against (a) of that round. Statements are those database/sql ran (BEGIN, COMMIT, SAVEPOINT included); prepares are the statements it prepared first, a round trip of their own on MySQL (whose driver prepares every query with arguments unless the DSN sets interpolateParams). Go CPU is this whole process: HTTP server, handlers, idem, the driver, the HTTP clients, and on SQLite the database itself.\n\n")
 	fmt.Fprintf(w, "<details><summary>Every round</summary>\n\n")
-	fmt.Fprintf(w, "| round | scenario | requests | req/s | p50 | p99 | × (a) | statements/req | Go CPU/req | machine busy | statuses |\n")
-	fmt.Fprintf(w, "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	fmt.Fprintf(w, "| round | scenario | requests | req/s | p50 | p99 | × (a) | statements/req | prepares/req | Go CPU/req | machine busy | statuses |\n")
+	fmt.Fprintf(w, "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	for _, p := range phases {
 		u := p.cpuUse()
-		fmt.Fprintf(w, "| %d | (%s) | %d | %.0f | %s | %s | %.2f | %.2f | %s | %.0f%% | %s |\n", p.round, p.scenario.id,
+		fmt.Fprintf(w, "| %d | (%s) | %d | %.0f | %s | %s | %.2f | %.2f | %.2f | %s | %.0f%% | %s |\n", p.round, p.scenario.id,
 			p.requests, p.throughput(), ms(p.percentile(0.50)), ms(p.percentile(0.99)),
-			p.throughput()/baseline(phases, p.round), p.perRequest(p.writes), us(u.selfPerReq),
+			p.throughput()/baseline(phases, p.round), p.perRequest(p.writes), p.perRequest(p.reads), us(u.selfPerReq),
 			100*u.machineBusy, statuses(p))
 	}
 	fmt.Fprintf(w, "\n</details>\n\n")
