@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -459,9 +460,16 @@ func describeSQL(ctx context.Context, db *database, m *machine) {
 	switch db.store {
 	case "mysql":
 		_ = db.sql.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&m.pgVersion)
-		var flush, logBin, isolation string
-		_ = db.sql.QueryRowContext(ctx, `SELECT @@innodb_flush_log_at_trx_commit, @@log_bin, @@transaction_isolation`).Scan(&flush, &logBin, &isolation)
-		m.pgSettings = "innodb_flush_log_at_trx_commit=" + flush + ", log_bin=" + logBin + ", isolation=" + isolation
+		// One variable at a time: MariaDB calls the isolation
+		// tx_isolation, MySQL 8 transaction_isolation.
+		var settings []string
+		for _, name := range []string{"innodb_flush_log_at_trx_commit", "log_bin", "sync_binlog", "transaction_isolation", "tx_isolation"} {
+			var v string
+			if err := db.sql.QueryRowContext(ctx, `SELECT @@`+name).Scan(&v); err == nil {
+				settings = append(settings, name+"="+v)
+			}
+		}
+		m.pgSettings = strings.Join(settings, ", ")
 	case "sqlite":
 		_ = db.sql.QueryRowContext(ctx, `SELECT sqlite_version()`).Scan(&m.pgVersion)
 		var mode string
