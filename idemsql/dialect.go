@@ -80,12 +80,18 @@ const (
 // takes its arguments by name (see query):
 //
 //	claim         tenant key fingerprint token lease retention (µs)
+//	claimRead     tenant key fingerprint
+//	claimReplace  tenant key fingerprint token lease retention (µs) steps old
+//	peek          tenant key
 //	get           tenant key
 //	complete      tenant key token mode status headers body ref
 //	completeUnit  the same, and unit (Postgres)
 //	extend        tenant key token lease (µs)
 //	held          tenant key token
 //	release       tenant key token
+//	releaseKeep   tenant key token
+//	saveStep      tenant key token step
+//	stepsOf       tenant key token
 //	purge         limit
 type dialect struct {
 	name    string
@@ -93,11 +99,26 @@ type dialect struct {
 	migrate idemmigrate.Dialect
 
 	// claim is the one claiming statement. With claimReturns it returns a
-	// row when it won (INSERT … ON CONFLICT … RETURNING); without, winning
-	// is read from the statement's last insert id, which the statement
-	// sets to 1 when it won and to 0 when it lost (MySQL).
+	// row when it won (INSERT … ON CONFLICT … RETURNING lease_token,
+	// steps, whether it took over); without, the outcome is read from the
+	// statement's last insert id, which the statement sets to 1 when it
+	// won, 2 when it won over an in-flight record (a takeover), and 0 when
+	// it lost (MySQL), and a takeover's steps from stepsOf.
+	//
+	// SQLite claims differently (see sqlite.go): claim inserts a new
+	// record or does nothing, and a key that has a record is claimed in a
+	// transaction that holds the write lock.
 	claim        query
 	claimReturns bool
+	stepsOf      query
+	claimRead    query // SQLite
+	claimReplace query // SQLite
+
+	// peek reads the record before a claim, and whether it is complete
+	// and within its retention: a claim would lose to such a record, and
+	// its replay needs nothing more, so a replay costs this one read (see
+	// Store.Claim). It takes no lock and waits for none.
+	peek query
 
 	get query
 	// complete is the fenced completion, in a transaction the caller owns
@@ -109,9 +130,17 @@ type dialect struct {
 	extend       query
 	// held selects 1 when the record is in flight under the token; it
 	// settles a zero rows-affected count where that is ambiguous.
-	held    query
-	release query
-	purge   query
+	held query
+	// release deletes the record held under the token when it holds no
+	// recovery points; releaseKeep ends the lease of one that holds some,
+	// and keeps it in flight. Where releaseKeep is empty, release does
+	// both in one statement (PostgreSQL).
+	release     query
+	releaseKeep query
+	// saveStep appends @step to the steps of the record held under the
+	// token (StepStore.SaveStep).
+	saveStep query
+	purge    query
 	// purgeIsolation is the isolation of the purge's transaction, when it
 	// needs one (MySQL: READ COMMITTED takes no gap locks).
 	purgeIsolation sql.IsolationLevel
@@ -144,7 +173,7 @@ type dialect struct {
 // recordColumns is the select list that scanRecord reads.
 const recordColumns = `tenant_id, idem_key, fingerprint, state, lease_token, locked_until,
     storage_mode, status_code, response_headers, response_body, resource_ref,
-    created_at, completed_at, expires_at`
+    created_at, completed_at, expires_at, steps`
 
 // Error numbers and codes the store acts on. Errors are told apart by
 // these, never by their text.

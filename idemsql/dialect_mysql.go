@@ -6,18 +6,25 @@ import (
 	"github.com/idem-go/idem/idemmigrate"
 )
 
-// mysqlTakeover is true when the existing row may be taken over: past
-// retention, or in flight with an ended lease and the same fingerprint
-// (<=>: NULL-safe equality). UTC_TIMESTAMP(6) is evaluated once per
-// statement, whatever the session time zone.
-const mysqlTakeover = `(expires_at <= UTC_TIMESTAMP(6)
-        OR (state = 'in_flight' AND locked_until <= UTC_TIMESTAMP(6) AND fingerprint <=> @fingerprint))`
+// mysqlExpired is true when the existing row is past its retention: it
+// counts as absent, and any claim replaces it. UTC_TIMESTAMP(6) is
+// evaluated once per statement, whatever the session time zone.
+const mysqlExpired = `expires_at <= UTC_TIMESTAMP(6)`
 
-// mysqlWon is the takeover decision as seen by the assignments after the
-// first. MySQL runs the assignments of an UPDATE left to right, each
+// mysqlEnded is true when the existing row is in flight with an ended
+// lease and the same fingerprint (<=>: NULL-safe equality): a claim takes
+// it over, with its recovery points.
+const mysqlEnded = `(state = 'in_flight' AND locked_until <= UTC_TIMESTAMP(6) AND fingerprint <=> @fingerprint)`
+
+// mysqlTakeover is true when the existing row may be replaced by the
+// claim.
+const mysqlTakeover = `(` + mysqlExpired + ` OR ` + mysqlEnded + `)`
+
+// mysqlWon is the replacement decision as seen by the assignments after
+// the first. MySQL runs the assignments of an UPDATE left to right, each
 // seeing the values already assigned, while MariaDB's
 // SIMULTANEOUS_ASSIGNMENT mode lets each see the old row. lease_token is
-// assigned first from mysqlTakeover on the untouched row; afterwards it
+// assigned first, from the untouched row; afterwards it
 // holds our token exactly when the claim won, and when it does not,
 // nothing has changed, so mysqlTakeover still reads the old row. Either
 // way every assignment sees the same decision.
@@ -33,20 +40,28 @@ var mysqlDialect = &dialect{
 	// rows affected say: LAST_INSERT_ID(x) makes the server report x as
 	// the insert id of the statement that calls it (for a table without
 	// AUTO_INCREMENT, the last x the statement set). The VALUES call it
-	// with 1 for every claim; a kept row calls it again with 0 (IF runs
-	// only the branch it picks, so a takeover does not). Rows affected
-	// would not do: with the driver's clientFoundRows on, a kept row
-	// counts 1, as an inserted one does.
+	// with 1 for every claim; the first assignment calls it again with 1
+	// when it replaces a record past retention, 2 when it takes over an
+	// in-flight one, 0 when it keeps the row (IF runs only the branch it
+	// picks). Rows affected would not do: with the driver's
+	// clientFoundRows on, a kept row counts 1, as an inserted one does.
 	//
-	// The session's LAST_INSERT_ID() is left at 0 or 1: harmless, since a
-	// program reads it on the connection of its own insert, right after.
+	// steps is assigned second, while expires_at still holds the old
+	// row's value on MySQL as on MariaDB: a record past retention loses
+	// its recovery points with the rest, one taken over keeps them.
+	//
+	// The session's LAST_INSERT_ID() is left at 0, 1 or 2: harmless, since
+	// a program reads it on the connection of its own insert, right after.
 	claim: compile(`INSERT INTO idem_keys (tenant_id, idem_key, fingerprint, state, lease_token,
     locked_until, storage_mode, created_at, expires_at)
 VALUES (@tenant, @key, @fingerprint, IF(LAST_INSERT_ID(1), 'in_flight', 'in_flight'), @token,
     UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND, 0, UTC_TIMESTAMP(6),
     UTC_TIMESTAMP(6) + INTERVAL @retention MICROSECOND)
 ON DUPLICATE KEY UPDATE
-    lease_token      = IF(`+mysqlTakeover+`, @token, IF(LAST_INSERT_ID(0), lease_token, lease_token)),
+    lease_token      = IF(`+mysqlExpired+`, IF(LAST_INSERT_ID(1), @token, @token),
+                       IF(`+mysqlEnded+`, IF(LAST_INSERT_ID(2), @token, @token),
+                       IF(LAST_INSERT_ID(0), lease_token, lease_token))),
+    steps            = IF(`+mysqlExpired+`, NULL, steps),
     fingerprint      = IF(`+mysqlWon+`, @fingerprint, fingerprint),
     state            = IF(`+mysqlWon+`, 'in_flight', state),
     locked_until     = IF(`+mysqlWon+`, UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND, locked_until),
@@ -58,6 +73,15 @@ ON DUPLICATE KEY UPDATE
     created_at       = IF(`+mysqlWon+`, UTC_TIMESTAMP(6), created_at),
     completed_at     = IF(`+mysqlWon+`, NULL, completed_at),
     expires_at       = IF(`+mysqlWon+`, UTC_TIMESTAMP(6) + INTERVAL @retention MICROSECOND, expires_at)`, positional),
+
+	// Read after a takeover, which holds the key under @token: no other
+	// execution can change the steps until the lease ends.
+	stepsOf: compile(`SELECT steps FROM idem_keys
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token`, positional),
+
+	// A plain consistent read: it takes no lock and waits for none.
+	peek: compile(`SELECT `+recordColumns+`, state = 'complete' AND expires_at > UTC_TIMESTAMP(6)
+FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, positional),
 
 	get: compile(`SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, positional),
 
@@ -77,7 +101,18 @@ WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state
 	held: compile(`SELECT 1 FROM idem_keys
 WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, positional),
 
+	// Store.Release runs release, then releaseKeep when release deleted
+	// nothing. Both are fenced: after a takeover neither matches.
 	release: compile(`DELETE FROM idem_keys
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'
+  AND steps IS NULL`, positional),
+	releaseKeep: compile(`UPDATE idem_keys SET locked_until = UTC_TIMESTAMP(6)
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'
+  AND steps IS NOT NULL`, positional),
+
+	// The step is never empty, so the row always changes and rows
+	// affected count it whether the driver counts found or changed rows.
+	saveStep: compile(`UPDATE idem_keys SET steps = CONCAT(COALESCE(steps, X''), @step)
 WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, positional),
 
 	// The pick walks idem_keys_expires_at_idx (whose entries end with the

@@ -13,24 +13,38 @@ var sqliteDialect = &dialect{
 	kind:    kindSQLite,
 	migrate: idemmigrate.SQLite,
 
-	// The WHERE of DO UPDATE decides the takeover on the existing row
-	// (idem_keys.*) against the new one (excluded.*, whose created_at is
-	// now): past retention whatever the fingerprint, or in flight with an
-	// ended lease and the same fingerprint (IS: NULL-safe equality).
+	// A claim of a key without a record is this one statement, which
+	// inserts or, when a record exists, does nothing and returns no row.
+	// A key with a record is claimed in a transaction that holds the write
+	// lock (see Store.claimSQLite): claimRead reads the record, and
+	// claimReplace replaces it when it is past retention, or in flight
+	// with an ended lease and the same fingerprint (a takeover, which
+	// keeps the recovery points, those of the step journal included).
 	claim: compile(`INSERT INTO idem_keys (tenant_id, idem_key, fingerprint, state, lease_token,
     locked_until, storage_mode, created_at, expires_at)
 VALUES (@tenant, @key, @fingerprint, 'in_flight', @token,
     `+sqliteNow+` + @lease, 0, `+sqliteNow+`, `+sqliteNow+` + @retention)
-ON CONFLICT (tenant_id, idem_key) DO UPDATE SET
-    fingerprint = excluded.fingerprint, state = 'in_flight', lease_token = excluded.lease_token,
-    locked_until = excluded.locked_until, storage_mode = 0, status_code = NULL,
-    response_headers = NULL, response_body = NULL, resource_ref = NULL,
-    created_at = excluded.created_at, completed_at = NULL, expires_at = excluded.expires_at
-WHERE idem_keys.expires_at <= excluded.created_at
-   OR (idem_keys.state = 'in_flight' AND idem_keys.locked_until <= excluded.created_at
-       AND idem_keys.fingerprint IS excluded.fingerprint)
+ON CONFLICT (tenant_id, idem_key) DO NOTHING
 RETURNING lease_token`, numbered),
 	claimReturns: true,
+
+	// The record, whether it is past retention, and whether it is in
+	// flight with an ended lease and the same fingerprint (IS: NULL-safe
+	// equality), on one reading of the clock.
+	claimRead: compile(`SELECT `+recordColumns+`,
+    expires_at <= `+sqliteNow+`,
+    state = 'in_flight' AND locked_until <= `+sqliteNow+` AND fingerprint IS @fingerprint
+FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
+	claimReplace: compile(`UPDATE idem_keys SET fingerprint = @fingerprint, state = 'in_flight',
+    lease_token = @token, locked_until = `+sqliteNow+` + @lease, storage_mode = 0, status_code = NULL,
+    response_headers = NULL, response_body = NULL, resource_ref = NULL,
+    created_at = `+sqliteNow+`, completed_at = NULL, expires_at = `+sqliteNow+` + @retention, steps = @steps
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @old`, numbered),
+
+	// A read of the last commit: in WAL mode it neither takes nor waits
+	// for the write lock.
+	peek: compile(`SELECT `+recordColumns+`, state = 'complete' AND expires_at > `+sqliteNow+`
+FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
 
 	get: compile(`SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
 
@@ -46,7 +60,18 @@ WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state
 	held: compile(`SELECT 1 FROM idem_keys
 WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, numbered),
 
+	// Store.Release runs release, then releaseKeep when release deleted
+	// nothing. Both are fenced: after a takeover neither matches.
 	release: compile(`DELETE FROM idem_keys
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'
+  AND steps IS NULL`, numbered),
+	releaseKeep: compile(`UPDATE idem_keys SET locked_until = `+sqliteNow+`
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'
+  AND steps IS NOT NULL`, numbered),
+
+	// || makes text of two blobs, byte for byte; the CAST keeps the
+	// column a blob.
+	saveStep: compile(`UPDATE idem_keys SET steps = CAST(coalesce(steps, x'') || @step AS BLOB)
 WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, numbered),
 
 	// One statement, so SQLite's single write lock is held for one bounded

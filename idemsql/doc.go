@@ -65,6 +65,43 @@
 // Callers who run their own transaction use Store.CompleteTx, which does
 // the fenced completion inside it and leaves commit and rollback to them.
 //
+// # Replays
+//
+// A claim begins with a read of the record. The replay of a complete
+// record costs that one read and nothing more: it takes no lock and waits
+// for none, not even for SQLite's write lock held by another execution. A
+// first execution costs the read, the claim and the completion.
+//
+// On SQLite in WAL mode (idemsqlite.Open's), the claim of a new key
+// commits without waiting for the disk (synchronous = NORMAL for that
+// statement alone), so that a first execution waits for the disk once,
+// with its completion, as the bare handler does with its commit. Nothing
+// is lost when the process crashes. A crash of the machine can lose the
+// claims whose executions had made nothing durable since (no completion,
+// release or step): their keys are then absent, and a retry runs the
+// operation once.
+//
+// # Recovery points
+//
+// The Store keeps idem.Step's recovery points (it implements
+// idem.StepStore) in the steps column of idem_keys (migration
+// 0003_idem_steps). A step is saved by a statement of its own, committed
+// before Step returns, never in the handler's transaction: when the
+// handler then fails, its writes are rolled back but the step stays
+// recorded, the key stays in flight with its lease ended, and the retry
+// takes it over and gets the step's result instead of running it again.
+//
+// On SQLite, a step saved after the handler's first statement, while its
+// transaction holds the write lock, cannot be written to the database
+// until that transaction ends, and must not depend on its commit. The
+// Store writes it to a second database file beside the first, named after
+// it with -idem-steps appended (app.db-idem-steps, with its own -wal and
+// -shm files), and moves it into the record in the transaction that ends
+// the handler's; after a crash, the next claim of the key moves it. Back
+// up, copy and delete the two files together. A database that is not a
+// file has no such journal: make the steps there before the handler's
+// first statement.
+//
 // # Design
 //
 // How the claim works, and what to know of SQLite (the busy timeout,

@@ -2,6 +2,7 @@ package idemsql
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -24,7 +25,10 @@ import (
 // The gate also knows which leases are held by the transaction holding
 // the lock (owners): an extension of one of them is skipped and recorded
 // as owed (see Store.Extend), even one already waiting when its unit of
-// work took the lock.
+// work took the lock; a step saved for one of them goes to the step
+// journal instead of waiting for the lock its own transaction holds (see
+// Store.SaveStep and journal.go), and the owner waits for those saves
+// before it gives the lock up.
 type gate struct {
 	mu     sync.Mutex
 	held   bool
@@ -39,7 +43,17 @@ type gate struct {
 // owner is a unit of work whose transaction holds the write lock, seen
 // from the gate.
 type owner struct {
+	// conn is the connection of its transaction, on which a step saved
+	// for its lease reads the record: the pool may have no other to give
+	// (a pool of one connection).
+	conn *sql.Conn
 	owed *idem.ExtendParams // the last extension skipped for its lease
+	// saves counts the steps being written to the journal for its lease;
+	// counted under gate.mu while the owner is in gate.owners, so that
+	// disown, once it has removed the owner, can wait for them.
+	saves sync.WaitGroup
+	// journaled is true once a step went to the journal (under gate.mu).
+	journaled bool
 }
 
 type gateWaiter struct {
@@ -49,6 +63,11 @@ type gateWaiter struct {
 	// that lease took the lock meanwhile (excused: nothing to write).
 	extend  *idem.ExtendParams
 	excused bool
+	// A step: the lease it is saved for, and, once excused because the
+	// transaction of that lease took the lock, its owner, whose saves
+	// count it.
+	step  *lease
+	owner *owner
 }
 
 func newGate() *gate {
@@ -62,7 +81,7 @@ var errGateTimeout = errors.New("database is locked")
 // acquire waits for the gate, until ctx ends or limit (when positive) has
 // passed without the gate changing hands.
 func (g *gate) acquire(ctx context.Context, limit time.Duration) error {
-	_, err := g.wait(ctx, limit, nil)
+	_, err := g.wait(ctx, limit, &gateWaiter{})
 	return err
 }
 
@@ -71,14 +90,49 @@ func (g *gate) acquire(ctx context.Context, limit time.Duration) error {
 // write lock: then it has recorded p as owed, and the caller does not hold
 // the gate.
 func (g *gate) acquireExtend(ctx context.Context, limit time.Duration, p idem.ExtendParams) (skipped bool, err error) {
-	return g.wait(ctx, limit, &p)
+	return g.wait(ctx, limit, &gateWaiter{extend: &p})
 }
 
-func (g *gate) wait(ctx context.Context, limit time.Duration, extend *idem.ExtendParams) (skipped bool, err error) {
+// acquireStep waits for the gate for a step of the execution l, among the
+// other writers, and returns the owner when l's own unit of work holds the
+// write lock (now, or from some moment while it waited): then the caller
+// does not hold the gate, writes the step to the journal, and calls
+// stepDone once it is written.
+func (g *gate) acquireStep(ctx context.Context, limit time.Duration, l lease) (*owner, error) {
+	w := &gateWaiter{step: &l}
+	if _, err := g.wait(ctx, limit, w); err != nil {
+		return nil, err
+	}
+	return w.owner, nil
+}
+
+// stepDone ends a save that acquireStep counted; journaled says whether
+// the step may have reached the journal.
+func (g *gate) stepDone(o *owner, journaled bool) {
+	if journaled {
+		g.mu.Lock()
+		o.journaled = true
+		g.mu.Unlock()
+	}
+	o.saves.Done()
+}
+
+// wait queues w, a writer: an extension (w.extend), a step (w.step), or
+// any other, and reports whether it was excused (see acquireExtend and
+// acquireStep) rather than given the gate.
+func (g *gate) wait(ctx context.Context, limit time.Duration, w *gateWaiter) (excused bool, err error) {
 	g.mu.Lock()
-	if extend != nil {
-		if o := g.owners[leaseOf(*extend)]; o != nil {
-			o.owed = extend
+	if w.extend != nil {
+		if o := g.owners[leaseOf(*w.extend)]; o != nil {
+			o.owed = w.extend
+			g.mu.Unlock()
+			return true, nil
+		}
+	}
+	if w.step != nil {
+		if o := g.owners[*w.step]; o != nil {
+			o.saves.Add(1)
+			w.owner = o
 			g.mu.Unlock()
 			return true, nil
 		}
@@ -88,8 +142,8 @@ func (g *gate) wait(ctx context.Context, limit time.Duration, extend *idem.Exten
 		g.mu.Unlock()
 		return false, nil
 	}
-	w := &gateWaiter{ready: make(chan struct{}), extend: extend}
-	if extend != nil {
+	w.ready = make(chan struct{})
+	if w.extend != nil {
 		g.urgent = append(g.urgent, w)
 	} else {
 		g.normal = append(g.normal, w)
@@ -163,12 +217,12 @@ func (g *gate) release() {
 }
 
 // own records that the holder of the gate, a unit of work running under
-// l, now holds the write lock in its transaction, and excuses the
-// extensions of l already waiting.
-func (g *gate) own(l lease) {
+// l, now holds the write lock in its transaction on conn, and excuses the
+// extensions and the steps of l already waiting.
+func (g *gate) own(l lease, conn *sql.Conn) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	o := &owner{}
+	o := &owner{conn: conn}
 	g.owners[l] = o
 	kept := g.urgent[:0]
 	for _, w := range g.urgent {
@@ -181,20 +235,36 @@ func (g *gate) own(l lease) {
 		kept = append(kept, w)
 	}
 	g.urgent = kept
+	kept = g.normal[:0]
+	for _, w := range g.normal {
+		if w.step != nil && *w.step == l {
+			o.saves.Add(1)
+			w.owner = o
+			w.excused = true
+			close(w.ready)
+			continue
+		}
+		kept = append(kept, w)
+	}
+	g.normal = kept
 }
 
-// disown ends what own began, before the transaction gives up the lock,
-// and returns the extension owed, if any: from then on an extension of l
-// waits for the gate.
-func (g *gate) disown(l lease) *idem.ExtendParams {
+// disown ends what own began, before the transaction gives up the lock:
+// from then on an extension or a step of l waits for the gate. It waits
+// for the steps of l being written to the journal, and returns the
+// extension owed, if any, and whether a step went to the journal.
+func (g *gate) disown(l lease) (owed *idem.ExtendParams, journaled bool) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	o := g.owners[l]
 	delete(g.owners, l)
+	g.mu.Unlock()
 	if o == nil {
-		return nil
+		return nil, false
 	}
-	return o.owed
+	o.saves.Wait()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return o.owed, o.journaled
 }
 
 func leaseOf(p idem.ExtendParams) lease { return lease{p.Tenant, p.Key, p.Token} }

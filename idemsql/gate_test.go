@@ -156,7 +156,7 @@ func TestGateOwners(t *testing.T) {
 		waiting <- skipped
 	}()
 	g.queued(1, 0)
-	g.own(l) // ...and then its transaction the lock
+	g.own(l, nil) // ...and then its transaction the lock
 	if !<-waiting {
 		t.Fatal("the extension waiting when its unit took the lock was not skipped")
 	}
@@ -172,7 +172,7 @@ func TestGateOwners(t *testing.T) {
 	if skipped, err := g.acquireExtend(bounded, 0, later); !skipped || err != nil {
 		t.Fatalf("an extension while its unit holds the lock: skipped %v, %v", skipped, err)
 	}
-	if owed := g.disown(l); owed == nil || owed.Lease != later.Lease {
+	if owed, _ := g.disown(l); owed == nil || owed.Lease != later.Lease {
 		t.Fatalf("owed %+v, want the last skipped extension", owed)
 	}
 	g.release()
@@ -182,6 +182,66 @@ func TestGateOwners(t *testing.T) {
 	g.release()
 	if skipped, err := g.acquireExtend(ctx, 0, p); skipped || err != nil {
 		t.Fatalf("after disown: skipped %v, %v; want the gate", skipped, err)
+	}
+	g.release()
+}
+
+// TestGateStepOfOwner: a step of a lease whose unit of work takes the lock
+// while the step waits is excused (it goes to the journal, not to the
+// lock its own transaction holds), and the unit's disown waits for it.
+func TestGateStepOfOwner(t *testing.T) {
+	g := newGate()
+	ctx := context.Background()
+	if err := g.acquire(ctx, 0); err != nil { // another writer
+		t.Fatal(err)
+	}
+	l := lease{"t", "k", 1}
+	unitHolds := make(chan struct{})
+	go func() {
+		if err := g.acquire(ctx, 0); err != nil { // the unit of l
+			t.Error(err)
+		}
+		g.own(l, nil)
+		close(unitHolds)
+	}()
+	g.queued(0, 1)
+	stepOwner := make(chan *owner, 1)
+	go func() {
+		// Bounded: a step left waiting behind its own unit would wait for
+		// ever.
+		bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		o, err := g.acquireStep(bounded, 0, l)
+		if err != nil {
+			t.Error(err)
+		}
+		stepOwner <- o
+	}()
+	g.queued(0, 2)
+	g.release() // to the unit, which owns l and excuses the step
+	<-unitHolds
+	o := <-stepOwner
+	if o == nil {
+		t.Fatal("the step of the owner's lease was given the gate, not excused")
+	}
+	o2, err := g.acquireStep(ctx, 0, l)
+	if err != nil || o2 != o {
+		t.Fatalf("a step while the unit holds the lock: %v, %v; want the owner", o2, err)
+	}
+	g.stepDone(o2, false)
+	disowned := make(chan bool)
+	go func() {
+		_, journaled := g.disown(l)
+		disowned <- journaled
+	}()
+	select {
+	case <-disowned:
+		t.Fatal("disown returned while a step was being written to the journal")
+	case <-time.After(50 * time.Millisecond):
+	}
+	g.stepDone(o, true)
+	if journaled := <-disowned; !journaled {
+		t.Fatal("disown does not report the step written to the journal")
 	}
 	g.release()
 }

@@ -56,6 +56,8 @@ func TestHelperProcess(t *testing.T) {
 		helperCrash(env, tenant)
 	case "race":
 		helperRace(env, tenant)
+	case "stepcrash":
+		helperStepCrash(env, tenant)
 	}
 	os.Exit(2)
 }

@@ -32,18 +32,26 @@ func TestCompile(t *testing.T) {
 func TestDialectArgs(t *testing.T) {
 	given := map[string][]string{
 		"claim":    {"tenant", "key", "fingerprint", "token", "lease", "retention"},
+		"read":     {"tenant", "key", "fingerprint"},
+		"replace":  {"tenant", "key", "fingerprint", "token", "lease", "retention", "steps", "old"},
+		"stepsOf":  {"tenant", "key", "token"},
+		"peek":     {"tenant", "key"},
 		"get":      {"tenant", "key"},
 		"complete": {"tenant", "key", "token", "mode", "status", "headers", "body", "ref"},
 		"unit":     {"tenant", "key", "token", "mode", "status", "headers", "body", "ref", "unit"},
 		"extend":   {"tenant", "key", "token", "lease"},
 		"held":     {"tenant", "key", "token"},
 		"release":  {"tenant", "key", "token"},
+		"keep":     {"tenant", "key", "token"},
+		"save":     {"tenant", "key", "token", "step"},
 		"purge":    {"limit"},
 		"pick":     {"limit"},
 	}
 	for _, d := range []*dialect{sqliteDialect, mysqlDialect, postgresDialect} {
 		queries := map[string]query{"claim": d.claim, "get": d.get, "complete": d.complete, "unit": d.completeUnitQuery(), "extend": d.extend,
-			"held": d.held, "release": d.release, "purge": d.purge, "pick": d.purgePick}
+			"held": d.held, "release": d.release, "purge": d.purge, "pick": d.purgePick,
+			"read": d.claimRead, "replace": d.claimReplace, "stepsOf": d.stepsOf, "peek": d.peek,
+			"keep": d.releaseKeep, "save": d.saveStep}
 		for name, q := range queries {
 			allowed := given[name]
 			if name == "purge" && d.purgePick.text != "" {

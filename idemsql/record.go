@@ -8,8 +8,12 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// scanRecord reads one row of recordColumns.
-func scanRecord(d *dialect, row interface{ Scan(...any) error }) (*idem.Record, error) {
+// scanRecord reads one row of recordColumns, then the columns that
+// follow into extra. It returns the recovery points as stored, encoded
+// (nil for none), without decoding them into the record: a replay needs
+// none, and a record holding steps that do not decode is still replayed.
+// decodeSteps decodes them where they are needed.
+func scanRecord(d *dialect, row interface{ Scan(...any) error }, extra ...any) (*idem.Record, []byte, error) {
 	var (
 		rec                               idem.Record
 		state                             string
@@ -17,13 +21,14 @@ func scanRecord(d *dialect, row interface{ Scan(...any) error }) (*idem.Record, 
 		status                            sql.NullInt64
 		headers                           []byte
 		ref                               sql.NullString
+		steps                             []byte
 		locked, created, completed, until = dbTime{utcWall: d.utcWall}, dbTime{utcWall: d.utcWall}, dbTime{utcWall: d.utcWall}, dbTime{utcWall: d.utcWall}
 	)
-	err := row.Scan(&rec.Tenant, &rec.Key, &rec.Fingerprint, &state, &rec.LeaseToken, &locked,
+	dest := []any{&rec.Tenant, &rec.Key, &rec.Fingerprint, &state, &rec.LeaseToken, &locked,
 		&mode, &status, &headers, &rec.Result.Body, &ref,
-		&created, &completed, &until)
-	if err != nil {
-		return nil, err
+		&created, &completed, &until, &steps}
+	if err := row.Scan(append(dest, extra...)...); err != nil {
+		return nil, nil, err
 	}
 	rec.State = idem.State(state)
 	rec.LockedUntil = locked.t
@@ -33,13 +38,31 @@ func scanRecord(d *dialect, row interface{ Scan(...any) error }) (*idem.Record, 
 	rec.Result.Mode = idem.StorageMode(mode)
 	rec.Result.Status = int(status.Int64)
 	rec.Result.Reference = ref.String
+	var err error
 	if rec.Result.Header, err = idem.UnmarshalHeader(headers); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(rec.Fingerprint) == 0 {
 		rec.Fingerprint = nil
 	}
-	return &rec, nil
+	if len(steps) == 0 {
+		steps = nil
+	}
+	return &rec, steps, nil
+}
+
+// decodeSteps decodes recovery points as stored; nil and empty are none.
+// Steps that do not decode are an error, never taken for none: a takeover
+// would run again the steps they record.
+func decodeSteps(b []byte) ([]idem.RecordedStep, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	steps, err := idem.UnmarshalSteps(b)
+	if err != nil {
+		return nil, fmt.Errorf("idemsql: %w", err)
+	}
+	return steps, nil
 }
 
 // dbTime scans a time column of any dialect into a UTC time.Time; NULL

@@ -126,12 +126,66 @@ func (c *logConn) QueryContext(ctx context.Context, q string, args []driver.Name
 	return rows, err
 }
 
+// PrepareContext records nothing: the statement is recorded at each run
+// (logStmt), so that a statement prepared once and run many times shows
+// as many times as it runs, and one run through a prepare (MySQL's driver,
+// for a query with arguments) once.
 func (c *logConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
-	c.log.add(q)
+	var st driver.Stmt
+	var err error
 	if p, ok := c.Conn.(driver.ConnPrepareContext); ok {
-		return p.PrepareContext(ctx, q)
+		st, err = p.PrepareContext(ctx, q)
+	} else {
+		st, err = c.Conn.Prepare(q)
 	}
-	return c.Conn.Prepare(q)
+	if err != nil {
+		return nil, err
+	}
+	return &logStmt{Stmt: st, conn: c.Conn, q: q, log: c.log}, nil
+}
+
+// logStmt records its statement at each run.
+type logStmt struct {
+	driver.Stmt
+	conn driver.Conn
+	q    string
+	log  *stmtLog
+}
+
+func (s *logStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	s.log.add(s.q)
+	if e, ok := s.Stmt.(driver.StmtExecContext); ok {
+		return e.ExecContext(ctx, args)
+	}
+	values := make([]driver.Value, len(args))
+	for i, a := range args {
+		values[i] = a.Value
+	}
+	//lint:ignore SA1019 the fallback database/sql itself uses
+	return s.Stmt.Exec(values)
+}
+
+func (s *logStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	s.log.add(s.q)
+	if q, ok := s.Stmt.(driver.StmtQueryContext); ok {
+		return q.QueryContext(ctx, args)
+	}
+	values := make([]driver.Value, len(args))
+	for i, a := range args {
+		values[i] = a.Value
+	}
+	//lint:ignore SA1019 the fallback database/sql itself uses
+	return s.Stmt.Query(values)
+}
+
+func (s *logStmt) CheckNamedValue(v *driver.NamedValue) error {
+	if n, ok := s.Stmt.(driver.NamedValueChecker); ok {
+		return n.CheckNamedValue(v)
+	}
+	if n, ok := s.conn.(driver.NamedValueChecker); ok {
+		return n.CheckNamedValue(v)
+	}
+	return driver.ErrSkip
 }
 
 func (c *logConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -178,8 +232,12 @@ func kinds(stmts []string) []string {
 	for i, s := range stmts {
 		f := strings.Fields(s)
 		switch {
-		case strings.HasPrefix(s, "INSERT INTO idem_keys"):
+		case strings.HasPrefix(s, "INSERT INTO idem_keys"), strings.HasPrefix(s, "WITH prev AS"):
 			out[i] = "claim"
+		case strings.HasPrefix(s, "SELECT tenant_id") && strings.Contains(s, "state = 'complete' AND expires_at >"):
+			out[i] = "peek"
+		case strings.HasPrefix(s, "PRAGMA synchronous ="):
+			out[i] = s
 		case strings.HasPrefix(s, "UPDATE idem_keys SET state = 'complete'"):
 			out[i] = "complete"
 		case len(f) >= 3:

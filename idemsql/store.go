@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,6 +37,16 @@ type Store struct {
 	// connections, read once; 0 until read).
 	writes    *gate
 	busyLimit atomic.Int64
+	// SQLite only: the step journal (see journal.go).
+	journal *journal
+	// SQLite only: the synchronous setting a claim of a new key restores
+	// after committing without waiting for the disk, read once: 0
+	// unknown, -1 claims commit as everything else (not in WAL mode, or
+	// already not synchronous), or the setting (2 FULL, 3 EXTRA).
+	claimSync atomic.Int32
+
+	// stmts holds the statements prepared on db (see prepared), by text.
+	stmts sync.Map
 
 	// MySQL only: whether InnoDB rolls the whole transaction back on a
 	// lock wait timeout (innodb_rollback_on_timeout), read once: 0
@@ -47,7 +60,10 @@ type lease struct {
 	token       int64
 }
 
-var _ idem.Store = (*Store)(nil)
+var (
+	_ idem.Store     = (*Store)(nil)
+	_ idem.StepStore = (*Store)(nil)
+)
 
 // Info implements idem.Store: the dialect ("postgresql", "mysql" or
 // "sqlite"), transactional.
@@ -72,6 +88,7 @@ func NewStore(db *sql.DB, dialect Dialect) (*Store, error) {
 	s := &Store{db: db, d: dialect.d}
 	if s.d.kind == kindSQLite {
 		s.writes = newGate()
+		s.journal = &journal{}
 	}
 	return s, nil
 }
@@ -82,12 +99,31 @@ func (s *Store) DB() *sql.DB { return s.db }
 // Dialect returns the store's dialect.
 func (s *Store) Dialect() Dialect { return Dialect{s.d} }
 
-// Claim implements idem.Store in one statement (INSERT … ON CONFLICT …
-// DO UPDATE … WHERE, or ON DUPLICATE KEY UPDATE on MySQL), followed, when
-// it lost, by one read of the record that holds the key.
+// Claim implements idem.Store.
+//
+// It first reads the record (peek): a replay, whose record is complete
+// and within its retention, costs that one read, which takes no lock and
+// waits for none; a claim would only lose to the record and read it
+// again. Nothing but the passing of its retention changes a complete
+// record, and the read decides that on the database clock, so the answer
+// is the one a claim would give at that instant.
+//
+// Otherwise the claim is one statement (INSERT … ON CONFLICT … DO UPDATE
+// … WHERE, or ON DUPLICATE KEY UPDATE on MySQL), followed, when it lost,
+// by one read of the record that holds the key. On SQLite a key without a
+// record is claimed by one INSERT, and one with a record in one
+// transaction that holds the write lock (claimExisting).
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	if s.d.maxTenant > 0 && len(p.Tenant) > s.d.maxTenant {
 		return idem.ClaimResult{}, idem.NotApplied(fmt.Errorf("idemsql: claim: the tenant is %d bytes long, the %s table holds %d", len(p.Tenant), s.d.name, s.d.maxTenant))
+	}
+	rec, replay, err := s.peek(ctx, p.Tenant, p.Key)
+	if err != nil {
+		// A read: nothing was claimed.
+		return idem.ClaimResult{}, idem.NotApplied(fmt.Errorf("idemsql: claim: %w", err))
+	}
+	if replay {
+		return idem.ClaimResult{Record: rec}, nil
 	}
 	args := s.d.claim.args(map[string]any{
 		"tenant":      p.Tenant,
@@ -98,9 +134,9 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		"retention":   p.Retention.Microseconds(),
 	})
 	for range claimAttempts {
-		var won bool
+		var out claimOutcome
 		err := s.retry(ctx, func() (err error) {
-			won, err = s.claimOnce(ctx, args)
+			out, err = s.claimOnce(ctx, p, args, rec != nil)
 			return err
 		})
 		if err != nil {
@@ -113,48 +149,281 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			}
 			return idem.ClaimResult{}, err
 		}
-		if won {
-			return idem.ClaimResult{Won: true}, nil
+		if out.won {
+			return s.won(ctx, p, out)
 		}
-		rec, err := s.Get(ctx, p.Tenant, p.Key)
+		if out.record != nil {
+			return idem.ClaimResult{Record: out.record}, nil
+		}
+		holder, _, err := s.read(ctx, s.d.get, p.Tenant, p.Key)
 		if errors.Is(err, idem.ErrNotFound) {
 			continue
 		}
 		if err != nil {
-			return idem.ClaimResult{}, err
+			return idem.ClaimResult{}, fmt.Errorf("idemsql: get: %w", err)
 		}
-		return idem.ClaimResult{Record: rec}, nil
+		return idem.ClaimResult{Record: holder}, nil
 	}
 	return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: the record vanished %d times between claim and read", claimAttempts)
 }
 
-func (s *Store) claimOnce(ctx context.Context, args []any) (bool, error) {
+// claimOutcome is what one run of a claim found.
+type claimOutcome struct {
+	won      bool
+	takeover bool
+	// steps are the takeover's recovery points, encoded; stepsKnown is
+	// false when they are still to be read (MySQL, see stepsOf).
+	steps      []byte
+	stepsKnown bool
+	// record is the record that beat a lost claim, when the claim read
+	// it (SQLite); otherwise Claim reads it.
+	record *idem.Record
+}
+
+// peek reads the record of (tenant, key) before a claim, and whether it
+// is complete and within its retention. It returns a nil record when
+// there is none.
+func (s *Store) peek(ctx context.Context, tenant, key string) (*idem.Record, bool, error) {
+	var replay bool
+	rec, _, err := s.read(ctx, s.d.peek, tenant, key, &replay)
+	if errors.Is(err, idem.ErrNotFound) {
+		return nil, false, nil
+	}
+	return rec, replay, err
+}
+
+// read runs q, a select of recordColumns (and extra) by tenant and key,
+// on the pool. It returns the steps as stored, undecoded.
+func (s *Store) read(ctx context.Context, q query, tenant, key string, extra ...any) (*idem.Record, []byte, error) {
+	row := s.prepared(ctx, q).QueryRowContext(ctx, q.args(map[string]any{"tenant": tenant, "key": key})...)
+	rec, steps, err := scanRecord(s.d, row, extra...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil, idem.ErrNotFound
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return rec, steps, nil
+}
+
+// won turns a won claim into its result, reading a MySQL takeover's
+// steps. The key is held from here on: an error is not ErrNotApplied, so
+// that the engine releases it (and Release keeps the steps).
+func (s *Store) won(ctx context.Context, p idem.ClaimParams, out claimOutcome) (idem.ClaimResult, error) {
+	if out.takeover && !out.stepsKnown {
+		err := s.prepared(ctx, s.d.stepsOf).QueryRowContext(ctx, s.d.stepsOf.args(map[string]any{
+			"tenant": p.Tenant, "key": p.Key, "token": p.Token,
+		})...).Scan(&out.steps)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: read the steps: %w", err)
+		}
+	}
+	steps, err := decodeSteps(out.steps)
+	if err != nil {
+		// Never run the recorded steps again for want of reading them.
+		return idem.ClaimResult{}, fmt.Errorf("idemsql: claim: the recorded steps: %w", err)
+	}
+	return idem.ClaimResult{Won: true, Takeover: out.takeover, Steps: steps}, nil
+}
+
+// claimOnce runs the claim once. exists says that peek found a record.
+func (s *Store) claimOnce(ctx context.Context, p idem.ClaimParams, args []any, exists bool) (claimOutcome, error) {
+	if s.d.kind == kindSQLite {
+		return s.claimSQLite(ctx, p, args, exists)
+	}
+	// A statement prepared once on the pool: MySQL's driver otherwise
+	// prepares, executes and closes the statement at every claim, two
+	// round trips and a packet instead of one round trip.
+	claim := s.prepared(ctx, s.d.claim)
+	if s.d.claimReturns {
+		var out claimOutcome
+		var token int64
+		err := claim.QueryRowContext(ctx, args...).Scan(&token, &out.steps, &out.takeover)
+		if errors.Is(err, sql.ErrNoRows) {
+			return claimOutcome{}, nil
+		}
+		out.won, out.stepsKnown = err == nil, true
+		return out, err
+	}
+	res, err := claim.ExecContext(ctx, args...)
+	if err != nil {
+		return claimOutcome{}, err
+	}
+	// See mysqlDialect.claim: 0 lost, 1 won, 2 won by a takeover.
+	id, err := res.LastInsertId()
+	return claimOutcome{won: id == 1 || id == 2, takeover: id == 2, stepsKnown: id != 2}, err
+}
+
+// claimSQLite claims on SQLite: one INSERT for a key without a record,
+// claimExisting for one with a record.
+func (s *Store) claimSQLite(ctx context.Context, p idem.ClaimParams, args []any, exists bool) (claimOutcome, error) {
 	// The write lock and the connection first, so that failing to get
 	// them is told apart from a statement cancelled once sent.
 	if err := s.lockWrites(ctx); err != nil {
-		return false, idem.NotApplied(err)
+		return claimOutcome{}, idem.NotApplied(err)
 	}
 	defer s.unlockWrites()
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return false, idem.NotApplied(err)
+		return claimOutcome{}, idem.NotApplied(err)
 	}
 	defer conn.Close()
-	if s.d.claimReturns {
-		var token int64
-		err := conn.QueryRowContext(ctx, s.d.claim.text, args...).Scan(&token)
-		if errors.Is(err, sql.ErrNoRows) {
-			return false, nil
+	if !exists {
+		restore, err := s.asyncClaim(ctx, conn)
+		if err != nil {
+			return claimOutcome{}, idem.NotApplied(err)
 		}
-		return err == nil, err
+		var token int64
+		err = conn.QueryRowContext(ctx, s.d.claim.text, args...).Scan(&token)
+		restore()
+		if err == nil {
+			return claimOutcome{won: true, stepsKnown: true}, nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return claimOutcome{}, err
+		}
+		// A record was made since peek.
 	}
-	res, err := conn.ExecContext(ctx, s.d.claim.text, args...)
-	if err != nil {
-		return false, err
+	return s.claimExisting(ctx, conn, p)
+}
+
+// asyncClaim sets conn up, on SQLite in WAL mode, so that the claim of a
+// new key commits without waiting for the disk (synchronous = NORMAL for
+// that one statement), and returns what sets it back. A handler's write
+// pays one flush to the disk with its commit, the bare handler's; without
+// this, the claim would pay a second one, while holding SQLite's only
+// write lock, which every other writer waits for.
+//
+// What that keeps. In WAL mode a commit appends to the WAL file; a
+// synchronous one then flushes the file, and with it every commit before
+// its own. The execution's later writes that must last are synchronous:
+// its completion, a release, a step saved on the record; a step saved to
+// the journal flushes the WAL first (syncWAL). So a crash of the process
+// loses nothing (the WAL is written), and a crash of the machine can lose
+// only claims whose executions had made nothing durable since: after it,
+// their keys are absent (a claim of a new key replaced nothing), and a
+// retry runs the operation once, as it would after a crash before the
+// claim. idempg's claims make the same bargain with PostgreSQL's
+// synchronous_commit.
+//
+// The setting goes back before conn returns to the pool, or conn is
+// closed: no other transaction ever commits under it.
+func (s *Store) asyncClaim(ctx context.Context, conn *sql.Conn) (restore func(), err error) {
+	setting := s.claimSync.Load()
+	if setting == 0 {
+		var mode string
+		var sync int32
+		if err := conn.QueryRowContext(ctx, `SELECT journal_mode, synchronous FROM pragma_journal_mode, pragma_synchronous`).Scan(&mode, &sync); err != nil {
+			return nil, err
+		}
+		setting = -1
+		if strings.EqualFold(mode, "wal") && sync >= 2 {
+			setting = sync
+		}
+		s.claimSync.Store(setting)
 	}
-	// See mysqlDialect.claim: 1 when won, 0 when lost.
-	id, err := res.LastInsertId()
-	return id == 1, err
+	if setting < 0 {
+		return func() {}, nil
+	}
+	if _, err := conn.ExecContext(ctx, `PRAGMA synchronous = NORMAL`); err != nil {
+		discard(conn)
+		return nil, err
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if _, err := conn.ExecContext(ctx, `PRAGMA synchronous = `+strconv.Itoa(int(setting))); err != nil {
+			discard(conn)
+		}
+	}, nil
+}
+
+// claimExisting claims, on SQLite, a key that has a record, in one
+// transaction that holds the write lock from its start, so that the
+// record it reads is the one it replaces: atomic, as one statement would
+// be. It replaces a record past its retention, and takes over one in
+// flight whose lease ended with the same fingerprint, moving the rows the
+// step journal holds for the execution it takes over into the steps
+// column (see journal.go). A lost claim returns the record it read.
+func (s *Store) claimExisting(ctx context.Context, conn *sql.Conn, p idem.ClaimParams) (claimOutcome, error) {
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return claimOutcome{}, err
+	}
+	open := true
+	defer func() {
+		if open {
+			rollback(ctx, conn)
+		}
+	}()
+	values := map[string]any{
+		"tenant":      p.Tenant,
+		"key":         p.Key,
+		"fingerprint": nullBytes(p.Fingerprint),
+		"token":       p.Token,
+		"lease":       p.Lease.Microseconds(),
+		"retention":   p.Retention.Microseconds(),
+	}
+	var expired, ended bool
+	row := conn.QueryRowContext(ctx, s.d.claimRead.text, s.d.claimRead.args(values)...)
+	rec, stored, err := scanRecord(s.d, row, &expired, &ended)
+	var out claimOutcome
+	var moved bool // the journal's rows of the taken-over execution are in the steps
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		// Released or purged since peek (or since the INSERT met it).
+		var token int64
+		if err := conn.QueryRowContext(ctx, s.d.claim.text, s.d.claim.args(values)...).Scan(&token); err != nil {
+			return claimOutcome{}, err
+		}
+		out = claimOutcome{won: true, stepsKnown: true}
+	case err != nil:
+		return claimOutcome{}, err
+	case expired || ended:
+		out = claimOutcome{won: true, takeover: !expired, stepsKnown: true}
+		if out.takeover {
+			journaled, err := s.journalSteps(ctx, conn, rec.Tenant, rec.Key, rec.LeaseToken)
+			if err != nil {
+				return claimOutcome{}, err
+			}
+			out.steps = append(stored, journaled...)
+			moved = len(journaled) > 0
+		}
+		values["steps"] = nullBytes(out.steps)
+		values["old"] = rec.LeaseToken
+		res, err := conn.ExecContext(ctx, s.d.claimReplace.text, s.d.claimReplace.args(values)...)
+		if err != nil {
+			return claimOutcome{}, err
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return claimOutcome{}, fmt.Errorf("idemsql: claim: replaced %d records under the write lock, want 1 (%v)", n, err)
+		}
+	default:
+		open = false
+		rollback(ctx, conn)
+		return claimOutcome{record: rec}, nil
+	}
+	// A COMMIT answered busy leaves the transaction open: it may run again.
+	if err := s.retry(ctx, func() error {
+		_, err := conn.ExecContext(ctx, "COMMIT")
+		return err
+	}); err != nil {
+		return claimOutcome{}, err
+	}
+	open = false
+	if moved {
+		s.dropJournal(ctx, rec.Tenant, rec.Key, rec.LeaseToken)
+	}
+	return out, nil
+}
+
+// rollback ends conn's transaction; a connection whose transaction state
+// is unknown never goes back to the pool.
+func rollback(ctx context.Context, conn *sql.Conn) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+		discard(conn)
+	}
 }
 
 // Begin implements idem.Store. It takes no connection: the transaction
@@ -243,16 +512,22 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-// Release implements idem.Store.
+// Release implements idem.Store. It is fenced on the token and the
+// in-flight state, so a release that comes late (after a takeover, or
+// after a completion whose commit the caller could not confirm) changes
+// nothing. A record without recovery points is deleted, so that the retry
+// runs afresh; one that holds some is kept in flight with its lease ended
+// at once, so that the retry takes it over and gets them. On SQLite the
+// steps the journal holds for the execution move into the record first
+// (see journal.go).
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
-	args := s.d.release.args(map[string]any{"tenant": p.Tenant, "key": p.Key, "token": p.Token})
+	values := map[string]any{"tenant": p.Tenant, "key": p.Key, "token": p.Token}
 	err := s.retry(ctx, func() error {
 		if err := s.lockWrites(ctx); err != nil {
 			return err
 		}
 		defer s.unlockWrites()
-		_, err := s.db.ExecContext(ctx, s.d.release.text, args...)
-		return err
+		return s.releaseOnce(ctx, p, values)
 	})
 	if err != nil {
 		return fmt.Errorf("idemsql: release: %w", err)
@@ -260,14 +535,58 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 	return nil
 }
 
-// Get implements idem.Store.
-func (s *Store) Get(ctx context.Context, tenant, key string) (*idem.Record, error) {
-	row := s.db.QueryRowContext(ctx, s.d.get.text, s.d.get.args(map[string]any{"tenant": tenant, "key": key})...)
-	rec, err := scanRecord(s.d, row)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, idem.ErrNotFound
+func (s *Store) releaseOnce(ctx context.Context, p idem.ReleaseParams, values map[string]any) error {
+	if s.d.releaseKeep.text == "" {
+		_, err := s.db.ExecContext(ctx, s.d.release.text, s.d.release.args(values)...)
+		return err
 	}
+	if s.d.kind == kindSQLite {
+		// With the gate held, no step of this execution can reach the
+		// journal: its unit of work has ended (the engine releases after
+		// the rollback), and a step saved now waits for the gate.
+		journaled, err := s.journalSteps(ctx, s.db, p.Tenant, p.Key, p.Token)
+		if err != nil {
+			return err
+		}
+		if len(journaled) > 0 {
+			values := map[string]any{"tenant": p.Tenant, "key": p.Key, "token": p.Token, "step": journaled}
+			if _, err := s.db.ExecContext(ctx, s.d.saveStep.text, s.d.saveStep.args(values)...); err != nil {
+				return err
+			}
+			defer s.dropJournal(ctx, p.Tenant, p.Key, p.Token)
+		}
+	}
+	res, err := s.db.ExecContext(ctx, s.d.release.text, s.d.release.args(values)...)
 	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n > 0 {
+		return err
+	}
+	// Nothing deleted: the record holds steps (or is no longer ours, and
+	// this matches nothing either).
+	_, err = s.db.ExecContext(ctx, s.d.releaseKeep.text, s.d.releaseKeep.args(values)...)
+	return err
+}
+
+// Get implements idem.Store. It reads the record whatever its state or
+// retention, its recovery points included.
+func (s *Store) Get(ctx context.Context, tenant, key string) (*idem.Record, error) {
+	rec, stored, err := s.read(ctx, s.d.get, tenant, key)
+	if err != nil {
+		if errors.Is(err, idem.ErrNotFound) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("idemsql: get: %w", err)
+	}
+	if s.d.kind == kindSQLite {
+		journaled, err := s.journalSteps(ctx, s.db, tenant, key, rec.LeaseToken)
+		if err != nil {
+			return nil, fmt.Errorf("idemsql: get: %w", err)
+		}
+		stored = append(stored, journaled...)
+	}
+	if rec.Steps, err = decodeSteps(stored); err != nil {
 		return nil, fmt.Errorf("idemsql: get: %w", err)
 	}
 	return rec, nil
@@ -290,6 +609,9 @@ func (s *Store) Purge(ctx context.Context, p idem.PurgeParams) (int, error) {
 		n, err = s.purgeOnce(ctx, int64(limit))
 		return err
 	})
+	if err == nil && s.journal != nil {
+		err = s.sweepJournal(ctx, int64(limit))
+	}
 	return n, err
 }
 
@@ -431,6 +753,44 @@ func (s *Store) writeLimit(ctx context.Context) time.Duration {
 	}
 	s.busyLimit.Store(ms)
 	return time.Duration(ms) * time.Millisecond
+}
+
+// prepared returns q prepared on the Store's pool, once for the Store's
+// life; database/sql prepares it again on each connection that runs it,
+// once. Where preparing fails, it returns a statement that prepares at
+// each run, as a plain query does.
+func (s *Store) prepared(ctx context.Context, q query) preparedStmt {
+	if st, ok := s.stmts.Load(q.text); ok {
+		return st.(*sql.Stmt)
+	}
+	st, err := s.db.PrepareContext(ctx, q.text)
+	if err != nil {
+		return unprepared{s.db, q.text}
+	}
+	if prev, loaded := s.stmts.LoadOrStore(q.text, st); loaded {
+		st.Close()
+		return prev.(*sql.Stmt)
+	}
+	return st
+}
+
+// preparedStmt is a *sql.Stmt, or a query run as is (unprepared).
+type preparedStmt interface {
+	ExecContext(ctx context.Context, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, args ...any) *sql.Row
+}
+
+type unprepared struct {
+	db   *sql.DB
+	text string
+}
+
+func (u unprepared) ExecContext(ctx context.Context, args ...any) (sql.Result, error) {
+	return u.db.ExecContext(ctx, u.text, args...)
+}
+
+func (u unprepared) QueryRowContext(ctx context.Context, args ...any) *sql.Row {
+	return u.db.QueryRowContext(ctx, u.text, args...)
 }
 
 // nullBytes stores an empty fingerprint or body as NULL, which reads back

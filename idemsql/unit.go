@@ -80,6 +80,12 @@ type unit struct {
 	locked  bool
 	lease   lease
 	isOwner bool
+	// What disown learnt from the gate: the extension owed, and whether a
+	// step went to the journal; moved is true once the journal's rows are
+	// in the record, in the transaction that ends (see foldJournal).
+	owed      *idem.ExtendParams
+	journaled bool
+	moved     bool
 }
 
 var _ idem.UnitOfWork = (*unit)(nil)
@@ -177,7 +183,7 @@ func (u *unit) begin(ctx context.Context) error {
 		if x, ok := idem.ExecutionFromContext(ctx); ok {
 			u.lease = lease{x.Tenant, x.Key, x.LeaseToken}
 			u.isOwner = true
-			s.writes.own(u.lease)
+			s.writes.own(u.lease, conn)
 		}
 	}
 	return nil
@@ -328,6 +334,16 @@ func (u *unit) complete(ctx context.Context, p idem.CompleteParams) error {
 			return fmt.Errorf("idemsql: complete: %w", err)
 		}
 	}
+	if _, journaled := u.disown(); journaled {
+		// Steps saved while this transaction held the lock went to the
+		// journal: into the record with the completion.
+		moved, err := s.foldJournal(ctx, conn, u.lease)
+		if err != nil {
+			u.finish(ctx)
+			return fmt.Errorf("idemsql: complete: move the steps from the journal: %w", err)
+		}
+		u.moved = moved
+	}
 	args, err := completeArgs(s.d.completeUnitQuery(), p, u.mark)
 	if err != nil {
 		u.finish(ctx)
@@ -408,20 +424,25 @@ func (u *unit) commit(ctx context.Context) error {
 		u.conn.Close()
 	}
 	u.release()
+	if err == nil && u.moved {
+		u.s.dropJournal(ctx, u.lease.tenant, u.lease.key, u.lease.token)
+	}
 	return err
 }
 
 // finish ends the open transaction without completing: rolled back, or,
-// on SQLite when the unit owes a lease extension, rolled back to its
-// savepoint and committed with the extension, so that the lock is never
-// free while the lease it kept from being extended may have run out. The
-// connection goes back to the pool (or is discarded when its state is
-// unknown). It runs with u.mu held.
+// on SQLite when the unit owes a lease extension or steps went to the
+// journal, rolled back to its savepoint and committed with the extension
+// and the journal's steps moved into the record, so that the lock is
+// never free while the lease it kept from being extended may have run
+// out, or the record lacks steps the journal holds. The connection goes
+// back to the pool (or is discarded when its state is unknown). It runs
+// with u.mu held.
 func (u *unit) finish(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	conn := u.conn
-	owed := u.disown()
+	owed, journaled := u.disown()
 	ok := true
 	exec := func(q string) {
 		if ok {
@@ -429,21 +450,38 @@ func (u *unit) finish(ctx context.Context) {
 			ok = err == nil
 		}
 	}
-	switch {
-	case owed != nil:
-		exec("ROLLBACK TO SAVEPOINT " + savepoint)
-		if ok {
+	// keep moves the journal's steps into the record and extends the
+	// lease; a failed move leaves the steps in the journal, where every
+	// reader finds them.
+	keep := func() {
+		u.moved = false // whatever moved before is rolled back
+		if journaled && ok {
+			moved, err := u.s.foldJournal(ctx, conn, u.lease)
+			ok, u.moved = err == nil, moved
+		}
+		if owed != nil && ok {
 			_, err := u.s.extendOn(ctx, conn, *owed)
 			ok = err == nil
+		}
+	}
+	drop := false
+	switch {
+	case owed != nil || journaled:
+		exec("ROLLBACK TO SAVEPOINT " + savepoint)
+		if ok {
+			keep()
 			exec("COMMIT")
+			drop = ok && u.moved
 		} else {
 			// The transaction had ended already, and the lock with it:
-			// extend at once, while this Store still lets no other
-			// writer of its own in.
+			// write at once, while this Store still lets no other writer
+			// of its own in.
 			ok = true
 			exec("ROLLBACK")
 			ok = true
-			_, _ = u.s.extendOn(ctx, conn, *owed)
+			keep()
+			drop = ok && u.moved
+			ok = true
 		}
 	case u.s.d.kind == kindMySQL:
 		exec("ROLLBACK")
@@ -463,17 +501,22 @@ func (u *unit) finish(ctx context.Context) {
 	}
 	u.conn = nil
 	u.release()
+	if drop {
+		u.s.dropJournal(ctx, u.lease.tenant, u.lease.key, u.lease.token)
+	}
 }
 
 // disown tells the gate, before the transaction gives up the write lock,
-// that the lease's extensions must wait for the gate again, and returns
-// the one skipped meanwhile, if any (SQLite).
-func (u *unit) disown() *idem.ExtendParams {
-	if !u.isOwner {
-		return nil
+// that the lease's extensions and steps must wait for the gate again,
+// once the steps being written to the journal are (SQLite). It returns
+// the extension skipped meanwhile, if any, and whether a step went to the
+// journal; called again, it returns the same.
+func (u *unit) disown() (*idem.ExtendParams, bool) {
+	if u.isOwner {
+		u.isOwner = false
+		u.owed, u.journaled = u.s.writes.disown(u.lease)
 	}
-	u.isOwner = false
-	return u.s.writes.disown(u.lease)
+	return u.owed, u.journaled
 }
 
 // release gives up the Store's gate (SQLite), once the transaction has

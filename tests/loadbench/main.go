@@ -21,10 +21,13 @@
 //
 //	go run ./tests/loadbench -duration 10s -clients 16 -rounds 5 \
 //	    -db postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+//	go run ./tests/loadbench -store mysql -mysql 'root@tcp(127.0.0.1:3306)/test' -duration 6s -rounds 1
+//	go run ./tests/loadbench -store sqlite -duration 6s -rounds 1
 package main
 
 import (
 	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 
 	"cmp"
 	"context"
@@ -49,12 +52,17 @@ func main() {
 	}
 }
 
-const defaultDB = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+const (
+	defaultDB    = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	defaultMySQL = "root@tcp(127.0.0.1:3306)/test"
+)
 
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("loadbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	dbURL := fs.String("db", cmp.Or(os.Getenv("IDEM_TEST_POSTGRES"), defaultDB), "PostgreSQL URL; a fresh schema is created in it and dropped at the end")
+	store := fs.String("store", "postgres", "where the routes keep their data: postgres (pgx, idempg), mysql (MariaDB or MySQL through database/sql, idemsql) or sqlite (a temporary file, idemsql)")
+	mysqlDSN := fs.String("mysql", cmp.Or(os.Getenv("IDEM_TEST_MYSQL"), defaultMySQL), "MySQL DSN for -store mysql; a fresh database is created on the server and dropped at the end")
 	duration := fs.Duration("duration", 10*time.Second, "how long each scenario runs, per round")
 	clients := fs.Int("clients", 16, "concurrent HTTP clients")
 	rounds := fs.Int("rounds", 3, "how many times the whole set of scenarios runs")
@@ -85,7 +93,21 @@ func run(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	db, err := openDatabase(ctx, *dbURL, *conns, "", *rtt)
+	var db *database
+	var err error
+	if *store == "postgres" {
+		db, err = openDatabase(ctx, *dbURL, *conns, "", *rtt)
+	} else {
+		// The pgx-only measurements have no database/sql counterpart.
+		if *variantSQL != "" || *variantClaimBatch != 0 || *variantClaimConcurrency != 0 || *withOneTx || *rtt != 0 {
+			return errors.New("-variant, -variant-claim-*, -onetx and -rtt measure idempg: use them with -store postgres")
+		}
+		*costRuns = 0
+		if *store == "sqlite" {
+			*conns = idemsqlite.MaxOpenConns // idemsqlite.Open's pool
+		}
+		db, err = openSQLDatabase(ctx, *store, *mysqlDSN, *conns)
+	}
 	if err != nil {
 		return fmt.Errorf("database: %w", err)
 	}

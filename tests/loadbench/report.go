@@ -29,6 +29,10 @@ type machine struct {
 
 func describeMachine(ctx context.Context, db *database) machine {
 	m := machine{cpus: runtime.NumCPU(), cpuModel: cpuModel(), goVersion: runtime.Version(), loadBefore: loadAverage()}
+	if db.sql != nil {
+		describeSQL(ctx, db, &m)
+		return m
+	}
 	_ = db.pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&m.pgVersion)
 	var settings []string
 	for _, name := range []string{"synchronous_commit", "fsync", "wal_sync_method", "shared_buffers", "max_connections"} {
@@ -119,6 +123,10 @@ func cpuRatio(phases []*phase, p *phase) float64 {
 }
 
 func writeReport(w io.Writer, m machine, b *bench, rounds, conns int, slice time.Duration, phases []*phase, dups []*pairs) {
+	if b.db.sql != nil {
+		writeSQLReport(w, m, b, rounds, conns, slice, phases, dups)
+		return
+	}
 	fmt.Fprintf(w, "## Loopback HTTP on PostgreSQL\n\n")
 	fmt.Fprintf(w, "- machine: %d CPUs, %s; %s\n", m.cpus, m.cpuModel, m.goVersion)
 	fmt.Fprintf(w, "- PostgreSQL %s on loopback: %s\n", m.pgVersion, m.pgSettings)
@@ -182,7 +190,11 @@ func writeReport(w io.Writer, m machine, b *bench, rounds, conns int, slice time
 			100*u.machineBusy, 100*u.otherBusy, statuses(p))
 	}
 	fmt.Fprintf(w, "\n</details>\n\n")
+	writeDups(w, dups)
+}
 
+// writeDups reports the duplicate-pair loads.
+func writeDups(w io.Writer, dups []*pairs) {
 	if len(dups) == 0 {
 		return
 	}

@@ -351,6 +351,9 @@ func (b *bench) runPairs(ctx context.Context, sc scenario, round int, duration t
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if b.db.sql != nil {
+		return res, countSQLOrders(ctx, b.db, prefix, res)
+	}
 	err := b.db.pool.QueryRow(ctx, `
 		SELECT coalesce(sum(n), 0), count(*) FILTER (WHERE n > 1), coalesce(sum(n - 1), 0)
 		FROM (SELECT count(*) AS n FROM orders WHERE idem_key LIKE $1 || '-%' GROUP BY idem_key) per_key`,

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -19,6 +20,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemsql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -116,8 +118,16 @@ type database struct {
 	base   string
 	schema string
 	pool   *pgxpool.Pool
-	writes atomic.Int64 // writes to PostgreSQL, see countingConn
-	reads  atomic.Int64
+	writes atomic.Int64 // writes to PostgreSQL, see countingConn; statements run on database/sql
+	reads  atomic.Int64 // reads from PostgreSQL; statements prepared on database/sql
+
+	// With -store mysql or sqlite (see sqlstore.go): the database/sql
+	// handle instead of pool, its idemsql dialect, and how to remove the
+	// database.
+	store   string
+	sql     *sql.DB
+	dialect idemsql.Dialect
+	dropSQL func()
 
 	mu   sync.Mutex
 	pids []uint32 // the backends of the pool, whose CPU time is measured
@@ -209,10 +219,17 @@ func (db *database) close() {
 	if db.pool != nil {
 		db.pool.Close()
 	}
+	if db.sql != nil {
+		db.sql.Close()
+	}
 	db.drop()
 }
 
 func (db *database) drop() {
+	if db.dropSQL != nil {
+		db.dropSQL()
+		return
+	}
 	// A fresh context: the run's own may be the one that was cancelled.
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, db.base)
@@ -280,6 +297,9 @@ func createOrder(inTx txFunc) http.HandlerFunc {
 // newMux builds the routes on db, and the variant route on variant when
 // it is not nil.
 func newMux(db, variant *database, config, variantConfig *idempg.Config) (*http.ServeMux, error) {
+	if db.sql != nil {
+		return newSQLMux(db)
+	}
 	pool := db.pool
 	own := func(ctx context.Context, fn func(querier) error) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return fn(tx) })
@@ -331,6 +351,9 @@ func idemRoute(pool *pgxpool.Pool, config *idempg.Config) (http.Handler, error) 
 // update is a completion, so this says how often the completion found
 // room on its page.
 func (db *database) hotUpdates(ctx context.Context) (updates, hot int64, err error) {
+	if db.pool == nil {
+		return 0, 0, errors.New("not PostgreSQL")
+	}
 	err = db.pool.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
 		WHERE schemaname = $1 AND relname = 'idem_keys'`, db.schema).Scan(&updates, &hot)
 	return updates, hot, err

@@ -32,6 +32,7 @@ func ExampleMain() {
 	}
 	// Output:
 	// applied: 0001_idem_keys
+	// applied: 0003_idem_steps
 	// exit 0
 	// up to date
 	// exit 0

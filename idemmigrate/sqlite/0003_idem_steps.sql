@@ -1,0 +1,24 @@
+-- idem: recovery points. idem.Step records each step of an operation (a
+-- card charged, an e-mail sent) here, with its result, as it completes, so
+-- that an execution taking over a key whose holder died gets the results
+-- back instead of doing the steps again. Same column and meaning as
+-- postgres/0003_idem_steps.sql.
+--
+-- The column holds the steps in idem's canonical encoding (for each step,
+-- its name and its value, each a uvarint length and its bytes), which
+-- concatenates: a step is appended with `steps || step`, without reading
+-- the column first. NULL means no step recorded. A claim that takes over an
+-- in-flight record keeps it; a claim over a record past retention clears
+-- it; a release keeps a record that holds steps in flight, its lease ended,
+-- instead of deleting it.
+--
+-- A step saved while the handler's own transaction holds SQLite's write
+-- lock cannot be written to this file until that transaction ends, and
+-- must not depend on its commit: idemsql keeps such steps in a second
+-- database file beside this one (the same name followed by -idem-steps),
+-- and moves them into this column when the transaction ends. Back the two
+-- files up together.
+--
+-- Adding a nullable column without a default changes the schema only: no
+-- row is rewritten.
+ALTER TABLE idem_keys ADD COLUMN steps BLOB;
