@@ -93,6 +93,7 @@ type Engine struct {
 	keeper *keeper   // nil when the heartbeat is off
 	late   *lateReleases
 
+	waits   waitRoom      // duplicates waiting for an execution in flight
 	running atomic.Int64  // executions inside Do
 	closed  atomic.Bool   // Close was called
 	idle    chan struct{} // signalled when running drops to zero after Close
@@ -190,6 +191,16 @@ type Operation struct {
 	// idemhttp's request fingerprint). A retry with another fingerprint is
 	// refused with ErrFingerprintMismatch.
 	Fingerprint []byte
+	// WaitInFlight is how long a duplicate that meets an execution of the
+	// same operation in flight waits for its answer, instead of getting
+	// ErrInFlight at once. See "Waiting for the first execution" in the
+	// package documentation. Zero does not wait.
+	WaitInFlight time.Duration
+	// WaitContext, when set, ends the wait as Do's ctx does: a front end
+	// that runs the function on a context its caller's going away does not
+	// cancel (idemhttp) passes the caller's own here, so that a caller who
+	// left stops waiting. Nil: only Do's ctx ends the wait.
+	WaitContext context.Context
 }
 
 // Outcome is the answer of Engine.Do.
@@ -211,7 +222,9 @@ type Outcome struct {
 //     the stored result with Replayed set, without running fn;
 //   - if it completed or is in flight with another fingerprint, returns
 //     ErrFingerprintMismatch;
-//   - if another execution holds a valid lease, returns ErrInFlight;
+//   - if another execution holds a valid lease, returns ErrInFlight, or
+//     with op.WaitInFlight waits for it and answers as if called again
+//     when it ends;
 //   - otherwise runs fn with a context carrying the execution
 //     (ExecutionFromContext) and the store's transaction
 //     (idemsql.TxFromContext, idempg.TxFromContext), and completes the
@@ -255,6 +268,9 @@ func (e *Engine) Do(ctx context.Context, op Operation, fn func(ctx context.Conte
 		return Outcome{}, storeError("claim", err)
 	}
 	if !claim.Won {
+		if op.WaitInFlight > 0 && waitable(claim.Record, op.Fingerprint) {
+			return e.waitInFlight(ctx, op, fn)
+		}
 		return decide(claim.Record, op.Fingerprint)
 	}
 	return e.run(ctx, op, token, &claim, fn)

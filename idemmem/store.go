@@ -75,6 +75,8 @@ type entry struct {
 	mode      idem.StorageMode
 	complete  bool
 	hasHeader bool // the header was not nil (an empty one is kept as empty)
+
+	watch *watch // the Watch subscriptions to this record; nil: none
 }
 
 // own stores a copy of fingerprint, in the entry when it fits.
@@ -150,6 +152,7 @@ func (e *entry) find(tenant, key string) *entry {
 
 // remove unfiles e, which is filed under h.
 func (sh *shard) remove(h uint64, e *entry) {
+	e.changed()
 	if head := unlink(sh.records[h], e); head != nil {
 		sh.records[h] = head
 	} else {
@@ -205,6 +208,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	// one map write, the map read above being enough.
 	if old != nil {
 		head = unlink(head, old)
+		old.changed()
 	}
 	e.next = head
 	sh.records[h] = e
@@ -341,6 +345,7 @@ func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 		copy(data[copy(data, header):], res.Body)
 	}
 	return t.s.held(p.Tenant, p.Key, p.Token, func(sh *shard, h uint64, e *entry, now time.Time) {
+		e.changed()
 		e.complete = true
 		e.completedAt = e.since(now)
 		e.mode = res.Mode

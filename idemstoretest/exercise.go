@@ -67,6 +67,7 @@ func Exercise(ctx context.Context, t *testing.T, newFixture func(t *testing.T) *
 	t.Run("Bodies", s.bodies)
 	t.Run("Transactions", s.transactions)
 	t.Run("Engine", s.engine)
+	t.Run("Wait", s.wait)
 	t.Run("StoreErrors", s.storeErrors)
 }
 
