@@ -23,7 +23,10 @@ import (
 //     WAL record) even when its WHERE refuses the update;
 //   - twotrip: the completion and the COMMIT are two round trips;
 //   - eagerbegin: Begin takes a connection and sends BEGIN, in a round
-//     trip of its own, before the handler runs.
+//     trip of its own, before the handler runs;
+//   - nowaiters: the schema without migration 0004 (the waiters column and
+//     the triggers that notify waiters), what a completion cost before the
+//     wait mode: the triggers' WHEN must keep the fast path as it was.
 //
 // Every variant, and the baselines, send one statement per claim
 // (ClaimBatchSize 1), since the claim variants edit that statement; the
@@ -91,6 +94,16 @@ func lockReplay(s *Store) {
 func batched(s *Store) {
 	s.batcher = must(NewStore(s.pool, nil)).batcher
 	s.batcher.store = s
+}
+
+// noWaiters undoes migration 0004.
+func noWaiters(s *Store) {
+	_, err := s.pool.Exec(context.Background(), `DROP TRIGGER idem_keys_waiters_update ON idem_keys;
+		DROP TRIGGER idem_keys_waiters_delete ON idem_keys;
+		ALTER TABLE idem_keys DROP COLUMN waiters`)
+	if err != nil {
+		panic(fmt.Sprintf("noWaiters: %v; update the variant", err))
+	}
 }
 
 func twoTrip(s *Store) idem.Store { return twoTripStore{s} }
@@ -184,6 +197,9 @@ func BenchmarkVariantFreshTwoTrip(b *testing.B) {
 }
 func BenchmarkVariantFreshEagerBegin(b *testing.B) {
 	benchEngine(b, variantEngine(b, nil, eagerBegin), false)
+}
+func BenchmarkVariantFreshNoWaiters(b *testing.B) {
+	benchEngine(b, variantEngine(b, noWaiters, nil), false)
 }
 func BenchmarkVariantFreshBatched(b *testing.B) {
 	benchEngine(b, variantEngine(b, batched, nil), false)
