@@ -273,7 +273,12 @@ func (s *Store) rollsBackOnTimeout(ctx context.Context, conn *sql.Conn) bool {
 // without them. A transaction the database ended under the handler
 // (unitEnded, or found ended here) stores nothing: Complete returns a
 // *TxEndedError, and the engine releases the key.
-func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) (err error) {
+	defer func() {
+		if err == nil {
+			u.s.changed(p.Tenant, p.Key)
+		}
+	}()
 	u.stmts.Lock()
 	defer u.stmts.Unlock()
 	u.mu.Lock()
@@ -288,7 +293,7 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 	case unitDone:
 		return errUnitDone
 	}
-	err := u.complete(ctx, p)
+	err = u.complete(ctx, p)
 	if errors.Is(err, errAborted) {
 		return u.s.completeAlone(ctx, p)
 	}
