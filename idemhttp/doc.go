@@ -25,7 +25,9 @@
 //     allowlisted headers and body;
 //   - a key used with another request (method, path, query, media type,
 //     body or Config.FingerprintHeaders) gets 422 and nothing runs;
-//   - a key whose execution is in flight gets 409 with Retry-After;
+//   - a key whose execution is in flight gets 409 with Retry-After, or,
+//     with Config.WaitInFlight, waits up to that long for the execution
+//     to end and then gets its answer replayed;
 //   - an execution whose lease was taken over gets 409 and its answer is
 //     discarded (its work rolled back on a transactional store);
 //   - a store failure gets 503 with Retry-After (fail closed);

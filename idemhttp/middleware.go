@@ -176,9 +176,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	op := idem.Operation{
-		Tenant:      tenant,
-		Key:         key,
-		Fingerprint: fingerprint(x.fp[:0], r, buf, m.config.FingerprintHeaders, !m.config.IgnoreMediaType),
+		Tenant:       tenant,
+		Key:          key,
+		Fingerprint:  fingerprint(x.fp[:0], r, buf, m.config.FingerprintHeaders, !m.config.IgnoreMediaType),
+		WaitInFlight: m.config.WaitInFlight,
+		// A waiting request stops when its client goes away, whatever
+		// CancelOnDisconnect says: it has run nothing.
+		WaitContext: r.Context(),
 	}
 	x.ctx = r.Context()
 	if !m.config.CancelOnDisconnect {
@@ -584,6 +588,10 @@ func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) {
 		} else {
 			writeProblem(w, p.requestCancelled)
 		}
+	case !x.ran && x.r.Context().Err() != nil && errors.Is(err, x.r.Context().Err()):
+		// A request that waited for the execution in flight, and whose
+		// client went away meanwhile.
+		writeProblem(w, p.requestCancelled)
 	case errors.Is(err, idem.ErrStore):
 		log.WarnContext(ctx, "idemhttp: store failed; request not completed",
 			slog.String("key", op.Key), slog.Bool("handler_ran", x.ran), slog.Any("error", err))

@@ -37,6 +37,8 @@ type Store struct {
 
 type shard struct {
 	mu sync.Mutex
+	// watches are the Watch subscriptions, by the record they watch.
+	watches map[*entry]*watch
 	// records is keyed by the 64-bit hash of (tenant, key) rather than by
 	// the pair itself: smaller slots make the map cheaper to grow and to
 	// scan, and the hash is computed once for the shard anyway. Records
@@ -75,8 +77,10 @@ type entry struct {
 	mode      idem.StorageMode
 	complete  bool
 	hasHeader bool // the header was not nil (an empty one is kept as empty)
-
-	watch *watch // the Watch subscriptions to this record; nil: none
+	// watched says shard.watches holds subscriptions to this record: a
+	// flag in the entry's padding rather than a pointer, which would
+	// make every entry a size class larger.
+	watched bool
 }
 
 // own stores a copy of fingerprint, in the entry when it fits.
@@ -152,7 +156,7 @@ func (e *entry) find(tenant, key string) *entry {
 
 // remove unfiles e, which is filed under h.
 func (sh *shard) remove(h uint64, e *entry) {
-	e.changed()
+	sh.changed(e)
 	if head := unlink(sh.records[h], e); head != nil {
 		sh.records[h] = head
 	} else {
@@ -208,7 +212,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	// one map write, the map read above being enough.
 	if old != nil {
 		head = unlink(head, old)
-		old.changed()
+		sh.changed(old)
 	}
 	e.next = head
 	sh.records[h] = e
@@ -345,7 +349,7 @@ func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 		copy(data[copy(data, header):], res.Body)
 	}
 	return t.s.held(p.Tenant, p.Key, p.Token, func(sh *shard, h uint64, e *entry, now time.Time) {
-		e.changed()
+		sh.changed(e)
 		e.complete = true
 		e.completedAt = e.since(now)
 		e.mode = res.Mode

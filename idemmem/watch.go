@@ -42,10 +42,14 @@ func (s *Store) Watch(ctx context.Context, tenant, key string) (<-chan struct{},
 	if e == nil || !e.inFlight() {
 		return closed, func() {}, nil
 	}
-	w := e.watch
+	w := sh.watches[e]
 	if w == nil {
 		w = &watch{ch: make(chan struct{})}
-		e.watch = w
+		if sh.watches == nil {
+			sh.watches = make(map[*entry]*watch)
+		}
+		sh.watches[e] = w
+		e.watched = true
 		w.timer = time.AfterFunc(e.at(e.lockedUntil).Sub(s.now()), func() { s.leaseTimer(sh, e, w) })
 	}
 	w.refs++
@@ -59,14 +63,14 @@ func (s *Store) Watch(ctx context.Context, tenant, key string) (<-chan struct{},
 func (s *Store) leaseTimer(sh *shard, e *entry, w *watch) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e.watch != w {
+	if sh.watches[e] != w {
 		return
 	}
 	if left := e.at(e.lockedUntil).Sub(s.now()); left > 0 {
 		w.timer.Reset(left)
 		return
 	}
-	e.changed()
+	sh.changed(e)
 }
 
 // unwatch counts a subscriber of w out, and drops w after the last.
@@ -74,18 +78,22 @@ func (s *Store) unwatch(sh *shard, e *entry, w *watch) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	w.refs--
-	if w.refs == 0 && e.watch == w {
+	if w.refs == 0 && sh.watches[e] == w {
 		w.timer.Stop()
-		e.watch = nil
+		delete(sh.watches, e)
+		e.watched = false
 	}
 }
 
 // changed tells e's subscribers that it changed, and forgets them: they
 // watch again if they care. The caller holds the shard's lock.
-func (e *entry) changed() {
-	if w := e.watch; w != nil {
-		w.timer.Stop()
-		close(w.ch)
-		e.watch = nil
+func (sh *shard) changed(e *entry) {
+	if !e.watched {
+		return
 	}
+	w := sh.watches[e]
+	w.timer.Stop()
+	close(w.ch)
+	delete(sh.watches, e)
+	e.watched = false
 }
