@@ -353,7 +353,6 @@ func (x *execution) stopLease() (lost bool) {
 // finish decides what becomes of an execution whose function returned or
 // panicked.
 func (x *execution) finish(res Result, err error) (Outcome, error) {
-	e := x.e
 	lost := x.stopLease()
 	var panicked *PanicError
 	switch {
@@ -362,6 +361,7 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 		// handler's context: report that. The key belongs to another
 		// execution now, so there is nothing to release.
 		x.rollback("lease lost", ErrLeaseLost)
+		x.warnStepsKept("lease lost", ErrLeaseLost)
 		return Outcome{}, ErrLeaseLost
 	case errors.As(err, &panicked):
 		x.abandon(err)
@@ -369,14 +369,23 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 	case err == nil && x.rc.exec.notExecuted.Load():
 		// The function says it did nothing: keep nothing, free the key.
 		x.rollback("", nil)
-		e.release(x.ctx, x.op, x.token)
+		x.release("the handler marked its answer NotExecuted after it recorded steps", nil)
 		return Outcome{Result: res, NotStored: true}, nil
 	case x.ctx.Err() != nil:
 		return x.cancelled(res, err)
+	case err != nil && errors.Is(err, ErrStepNotSaved):
+		// A step's effect happened and its record did not: a retry now
+		// would repeat the effect at once. The key stays held until its
+		// lease ends, which gives the store time to come back; the
+		// takeover then runs the step again, under the same downstream
+		// key (DownstreamKey).
+		x.rollback("a step ran but was not recorded", err)
+		x.keepInFlight("a step ran but was not recorded", err)
+		return Outcome{}, err
 	case err != nil:
 		// The function failed and says so: nothing of it is to be kept.
 		x.rollback("the handler failed", err)
-		e.release(x.ctx, x.op, x.token)
+		x.release("the handler failed", err)
 		return Outcome{}, err
 	}
 	return x.complete(x.ctx, res)
@@ -389,7 +398,7 @@ func (x *execution) cancelled(res Result, err error) (Outcome, error) {
 	cause := x.ctx.Err()
 	if e.info.Transactional {
 		x.rollback("the caller's context ended", cause)
-		e.release(x.ctx, x.op, x.token)
+		x.release("the caller's context ended", cause)
 		if err == nil {
 			err = cause
 		}
@@ -418,12 +427,12 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 		// Store the answer without the business writes: roll them back and
 		// complete in a unit of work of its own.
 		if err := x.unit.Rollback(ctx); err != nil {
-			e.release(x.ctx, x.op, x.token)
+			x.release("the rollback of the business writes failed", err)
 			return Outcome{}, storeError("rollback", err)
 		}
 		next, err := e.store.Begin(ctx)
 		if err != nil {
-			e.release(x.ctx, x.op, x.token)
+			x.release("the unit of work for the answer could not begin", err)
 			return Outcome{}, storeError("begin", err)
 		}
 		x.unit = next
@@ -433,8 +442,17 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 		return Outcome{Result: res}, nil
 	}
 	_ = x.unit.Rollback(context.WithoutCancel(ctx))
+	if errors.Is(err, ErrWritesAborted) {
+		// The handler's own failure, not the store's: it answered a
+		// success whose writes a failed statement had undone.
+		x.e.config.Logger.ErrorContext(x.ctx, "idem: the handler answered a success after a failed statement aborted its transaction; nothing stored, key released",
+			slog.String("store", e.info.Name), slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key), slog.Int("status", res.Status))
+		e.release(x.ctx, x.op, x.token)
+		return Outcome{}, err
+	}
 	if errors.Is(err, ErrLeaseLost) {
 		e.warnRolledBack(x.ctx, x.op, "lease lost at completion", err)
+		x.warnStepsKept("lease lost at completion", err)
 		return Outcome{}, ErrLeaseLost
 	}
 	if !e.info.Transactional {
@@ -447,7 +465,7 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 	// mid-commit). Release is fenced on the in-flight state and the
 	// token, so it deletes nothing if the completion did commit.
 	e.warnRolledBack(x.ctx, x.op, "the completion failed", err)
-	e.release(x.ctx, x.op, x.token)
+	x.release("the completion failed", err)
 	return Outcome{}, storeError("complete", err)
 }
 
@@ -462,7 +480,38 @@ func (x *execution) abandon(cause error) {
 		return
 	}
 	x.rollback("the handler did not return", cause)
+	x.release("the handler did not return", cause)
+}
+
+// release gives the key back after a failed execution: a record that
+// holds steps is kept by the store, its lease ended, which warnStepsKept
+// says.
+func (x *execution) release(reason string, cause error) {
+	x.warnStepsKept(reason, cause)
 	x.e.release(x.ctx, x.op, x.token)
+}
+
+// warnStepsKept logs, when this execution recorded steps (Step), that it
+// ends without completing and its steps stay with the key: the execution
+// that takes the key over gets their results instead of running them
+// again, and a retry with another request under the key is refused.
+func (x *execution) warnStepsKept(reason string, cause error) {
+	st := &x.rc.exec
+	st.mu.Lock()
+	saved := st.savedSteps
+	names := make([]string, 0, len(st.recorded))
+	for _, s := range st.recorded {
+		names = append(names, s.Name)
+	}
+	st.mu.Unlock()
+	if !saved {
+		return
+	}
+	e := x.e
+	e.config.Logger.WarnContext(x.ctx, "idem: the execution recorded steps and ends without completing; the steps are kept with the key, and a retry of the same request takes it over and gets their results instead of running them again",
+		slog.String("reason", reason), slog.String("store", e.info.Name),
+		slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key),
+		slog.Any("steps", names), slog.Any("error", cause))
 }
 
 // rollback abandons the unit of work, and says so when the handler ran
@@ -482,6 +531,7 @@ func (x *execution) keepInFlight(reason string, cause error) {
 		slog.String("reason", reason), slog.String("store", e.info.Name),
 		slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key),
 		slog.Duration("lease", e.config.Lease), slog.Any("error", cause))
+	x.warnStepsKept(reason, cause)
 }
 
 // warnRolledBack logs that a handler ran and its work was rolled back.

@@ -37,6 +37,16 @@ var (
 	// effect later, so the engine releases it (see Store.Claim).
 	ErrNotApplied = errors.New("idem: the operation did not take effect")
 
+	// ErrWritesAborted is returned by UnitOfWork.Complete, and then by
+	// Engine.Do, when the handler answered a success (a status under 400,
+	// or none) although a failed statement had aborted its transaction
+	// (PostgreSQL): its writes are lost, so the success would be false.
+	// Nothing is stored and the key is released, so a retry runs the
+	// operation again. A handler that means to answer after a failed
+	// statement answers an error status (its answer is then stored
+	// without the writes), or runs the statement in a savepoint.
+	ErrWritesAborted = errors.New("idem: the handler answered a success after a failed statement aborted its transaction; its writes are lost, so nothing was stored")
+
 	// ErrClosed is returned by Engine.Do once Engine.Close was called.
 	ErrClosed = errors.New("idem: the engine is closed")
 )

@@ -135,7 +135,9 @@ func cutField(b []byte) (field, rest []byte, err error) {
 // names. When fn fails, nothing is recorded and its error is returned: a
 // retry runs fn again. When fn succeeded but its result could not be
 // recorded, Step returns its result with an error wrapping ErrStepNotSaved;
-// return that error from the handler.
+// return that error from the handler: the engine then keeps the key in
+// flight until its lease ends, instead of releasing it to a retry that
+// would repeat the effect at once.
 //
 // One window remains: a crash after fn's effect and before its record
 // commits. A retry then runs fn again, which is why fn should pass a

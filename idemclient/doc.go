@@ -52,6 +52,19 @@
 // slowest handler. The pauses after 409s grow to MaxDelay (5s by default),
 // so a finished execution is noticed within a few seconds.
 //
+// In short, size them together:
+//
+//	InFlightTimeout > server lease + slowest handler + MaxDelay
+//
+// The defaults (2 minutes against a 90s lease) leave 25s for the handler
+// that takes the key over. A server with a shorter lease takes a dead
+// execution's key over sooner (its heartbeat keeps live ones), and lets
+// clients keep a shorter budget; one with slow handlers needs a longer
+// budget on every client. The Retry-After of idemhttp's 409 is a fixed
+// pause (the engine's RetryAfter, 1s by default), not the end of the
+// lease: the Transport waits it out, and keeps asking until the budget
+// ends.
+//
 // Bound the whole call with the request's context: it caps every budget.
 // A caller whose context ends before the server's lease can end gets the
 // last 409 (or the context's error) back, and should retry later with the

@@ -467,3 +467,105 @@ func TestInFlightOutlivesACrashedHolder(t *testing.T) {
 		}
 	}
 }
+
+// The client's budget for 409s must outlive the server's lease, or a
+// client whose first attempt died with the server's process gives up
+// before the dead execution's key can be taken over (see "Sizing the
+// budgets with the server's lease" in the package documentation). The
+// budget counts from the first 409, which comes after the claim, and the
+// Transport sends its last retry when the budget ends: a budget longer
+// than the lease is enough.
+func TestDefaultBudgetOutlivesDefaultLease(t *testing.T) {
+	if idemclient.DefaultInFlightTimeout <= idem.DefaultLease {
+		t.Fatalf("DefaultInFlightTimeout %v does not outlive idem.DefaultLease %v", idemclient.DefaultInFlightTimeout, idem.DefaultLease)
+	}
+}
+
+// A 409 from idemhttp carries Retry-After (the engine's RetryAfter, 1s by
+// default): the Transport waits that long before it asks again, though
+// its own backoff would have asked within milliseconds, and then gets the
+// stored answer.
+func TestInFlightFollowsRetryAfter(t *testing.T) {
+	started, gate := make(chan struct{}), make(chan struct{})
+	var executions atomic.Int32
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if executions.Add(1) == 1 {
+			close(started)
+		}
+		<-gate
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"ch_1"}`)
+	})
+	eng, err := idem.NewEngine(idemmem.NewStore(nil), &idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eng.Config().RetryAfter != time.Second {
+		t.Fatalf("engine RetryAfter %v, want the default 1s", eng.Config().RetryAfter)
+	}
+	m, err := idemhttp.NewMiddleware(eng, &idemhttp.Config{SharedKeySpace: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var arrived []time.Time
+	var once sync.Once
+	defer once.Do(func() { close(gate) })
+	a := &attempts{onStatus: func(status int) {
+		if status == http.StatusConflict {
+			once.Do(func() { close(gate) }) // the execution may finish now
+		}
+	}}
+	inner := a.wrap(m.Handler(slow))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrived = append(arrived, time.Now())
+		mu.Unlock()
+		inner.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+
+	const key = "charge-ra-1"
+	post := func(ctx context.Context, client *http.Client) (*http.Response, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("amount=1900"))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set(idemhttp.HeaderKey, key)
+		return client.Do(req)
+	}
+	firstDone := make(chan error, 1)
+	go func() {
+		resp, err := post(context.Background(), srv.Client())
+		if err == nil {
+			resp.Body.Close()
+		}
+		firstDone <- err
+	}()
+	<-started
+
+	client := idemclient.NewClient(&idemclient.Transport{Base: srv.Client().Transport, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond})
+	var tr idemclient.Trace
+	resp, err := post(idemclient.WithTrace(context.Background(), &tr), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err := <-firstDone; err != nil {
+		t.Fatalf("first request: %v", err)
+	}
+	if resp.StatusCode != http.StatusOK || !tr.Replayed || string(body) != `{"id":"ch_1"}` || executions.Load() != 1 {
+		t.Fatalf("got %d %s (replayed %v, %d executions), want the first execution's answer replayed", resp.StatusCode, body, tr.Replayed, executions.Load())
+	}
+	if len(tr.History) != 2 || tr.History[0].Status != http.StatusConflict {
+		t.Fatalf("history %+v, want a 409 then the replay", tr.History)
+	}
+	if w := tr.History[0].Wait; w < time.Second {
+		t.Errorf("paused %v after the 409, want its Retry-After (1s)", w)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// arrived: the first request, the 409, the replay.
+	if len(arrived) != 3 || arrived[2].Sub(arrived[1]) < time.Second {
+		t.Errorf("requests arrived at %v; want the retry at least 1s after the 409", arrived)
+	}
+}

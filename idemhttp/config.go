@@ -138,7 +138,7 @@ type Config struct {
 	// body gets the other's answer replayed, and one who sends another
 	// body learns that the key was used: choose it only for an API with a
 	// single caller (a service called by one other), or whose keys are
-	// unguessable and whose answers are no secret. New refuses a Config
+	// unguessable and whose answers are no secret. NewMiddleware refuses a Config
 	// with neither TenantFunc nor SharedKeySpace, and one with both.
 	SharedKeySpace bool
 
@@ -183,7 +183,7 @@ type Config struct {
 
 	// ReplayHeaders are response headers stored and replayed besides
 	// DefaultReplayHeaders. Set-Cookie, Date and hop-by-hop headers are
-	// refused by New. Defaults to none.
+	// refused by NewMiddleware. Defaults to none.
 	ReplayHeaders []string
 
 	// UnstoredStatuses are the statuses of answers that say the endpoint

@@ -10,39 +10,6 @@
 //	})
 //	http.Handle("POST /orders", authenticate(mw.Handler(createOrder)))
 //
-// # What each situation answers
-//
-// The middleware implements the protocol described in docs/PROTOCOL.md:
-//
-//   - a method not in Config.Methods (default POST, PATCH) passes through
-//     untouched, without the Idempotency-Key echo, key or no key;
-//   - a request without a key passes through, or gets 400 when
-//     Config.RequireKey is set;
-//   - a malformed key (empty, longer than 255, not visible ASCII, a bad
-//     sf-string, two fields or a comma-joined list) gets 400;
-//   - a new key runs the handler and stores its answer;
-//   - a completed key with the same fingerprint replays the stored status,
-//     allowlisted headers and body;
-//   - a key used with another request (method, path, query, media type,
-//     body or Config.FingerprintHeaders) gets 422 and nothing runs;
-//   - a key whose execution is in flight gets 409 with Retry-After, or,
-//     with Config.WaitInFlight, waits up to that long for the execution
-//     to end and then gets its answer replayed;
-//   - an execution whose lease was taken over gets 409 and its answer is
-//     discarded (its work rolled back on a transactional store);
-//   - a store failure gets 503 with Retry-After (fail closed);
-//   - a handler panic gets 500; on a transactional store its work is
-//     rolled back and the key released, so that a retry runs again; on a
-//     store without transactions its key stays in flight until its lease
-//     ends. A panic with http.ErrAbortHandler is re-raised once that is
-//     done.
-//
-// Every answer to a covered request that carried an Idempotency-Key echoes
-// its field(s), a refused malformed key included. Every error is an RFC
-// 9457 application/problem+json body whose type is one of the stable URIs
-// listed in docs/PROBLEMS.md; its detail says what became of the work on
-// the store in use.
-//
 // # Answers that are not results
 //
 // An answer that says the endpoint did not execute the request is sent
@@ -62,7 +29,7 @@
 // names two operations. Config.TenantFunc reads the tenant from what the
 // server knows of the caller. Without it every caller shares one key
 // space, and any caller who guesses a key can get another's answer
-// replayed: New refuses that unless Config.SharedKeySpace says it is
+// replayed: NewMiddleware refuses that unless Config.SharedKeySpace says it is
 // meant. Authentication, rate limiting and other gates sit in front of
 // this middleware: what they refuse is never stored, and by the time
 // TenantFunc runs the caller is known.
@@ -105,34 +72,6 @@
 // writes are rolled back (idem.RollbackWrites). With
 // Config.ReleaseOn5xx the key is released instead and a retry runs again.
 //
-// # Buffering and streaming
-//
-// The response is buffered and sent only after the commit: an answer sent
-// before could reach the client for an operation that is then rolled back.
-// So the ResponseWriter a protected handler sees records Flush as a no-op
-// (the response is delivered whole, after the commit), fails Hijack with
-// ErrHijack (a hijacked connection cannot be stored), and stops at
-// Config.MaxResponseBody with ErrResponseTooLarge. It enforces a declared
-// Content-Length as net/http does (http.ErrContentLength on the write that
-// passes it; an answer shorter than declared is sent as net/http sends
-// it, broken, and not stored). It still implements io.ReaderFrom, passes
-// 103 Early Hints straight through (they announce resources, not a
-// result), and unwraps for http.ResponseController, which reaches
-// deadlines through it. Streaming endpoints should not be protected.
-//
-// The request body is read once, as it arrives, up to
-// Config.MaxRequestBody, to fingerprint it, and given back to the handler
-// from memory. A handler, or a goroutine it leaves behind
-// (http.TimeoutHandler does), may use its body and ResponseWriter after
-// it returned without harm: reads then fail with
-// http.ErrBodyReadAfterClose, writes with ErrHandlerReturned, and nothing
-// reaches another request.
-//
-// A response larger than Config.MaxResponseBody cannot be stored. Rather
-// than send it unprotected or store it truncated, the middleware discards
-// it, releases the key and answers 500 (response-too-large). A request
-// body larger than Config.MaxRequestBody gets 413 before anything runs.
-//
 // # What is replayed
 //
 // Replays carry the status, the body and the headers that describe the
@@ -141,4 +80,9 @@
 // first answer itself is sent whole, cookies included. In
 // idem.ModeReference and idem.ModeMarker a successful answer is stored
 // compactly and replays are rebuilt by Config.ReplayFunc.
+//
+// # Design
+//
+// How requests and answers are buffered: docs/DESIGN-HTTP.md. The
+// protocol, situation by situation: docs/PROTOCOL.md.
 package idemhttp

@@ -16,7 +16,7 @@ import (
 	"github.com/idem-go/idem/internal/fieldtext"
 )
 
-// Middleware protects handlers with idempotency keys. Build it with New;
+// Middleware protects handlers with idempotency keys. Build it with NewMiddleware;
 // it is safe for concurrent use.
 type Middleware struct {
 	config     Config
@@ -603,6 +603,10 @@ func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) {
 		}
 	case errors.Is(err, idem.ErrInvalidKey):
 		writeProblem(w, problemInvalidKey)
+	case errors.Is(err, idem.ErrWritesAborted):
+		log.ErrorContext(ctx, "idemhttp: the handler answered a success after a failed SQL statement aborted its transaction; answer discarded, key released",
+			slog.String("key", op.Key))
+		writeProblem(w, problemInternal)
 	default:
 		log.ErrorContext(ctx, "idemhttp: unexpected engine error", slog.String("key", op.Key), slog.Any("error", err))
 		writeProblem(w, problemInternal)

@@ -42,6 +42,9 @@ type localEntry struct {
 	storeDelivery int
 	storeFailures int
 	storeEpoch    uint64
+	// storeAllRan is whether the handler ran before each of those
+	// failures.
+	storeAllRan bool
 }
 
 // maxUnrun bounds the deliveries remembered per message.
@@ -132,17 +135,20 @@ func (l *localAttempts) ran(key string, delivery int) {
 	}
 }
 
-// storeFailure counts a store failure of delivery and returns how many it
-// met in a row while the store was never seen down (epoch unchanged).
-func (l *localAttempts) storeFailure(key string, delivery int, epoch uint64) (n int) {
+// storeFailure counts a store failure of delivery, met after the handler
+// ran or not, and returns how many it met in a row while the store was
+// never seen down (epoch unchanged), and whether the handler ran before
+// each of them.
+func (l *localAttempts) storeFailure(key string, delivery int, epoch uint64, ran bool) (n int, allRan bool) {
 	l.update(key, func(e *localEntry) {
-		if e.storeDelivery != delivery || e.storeEpoch != epoch {
-			e.storeDelivery, e.storeEpoch, e.storeFailures = delivery, epoch, 0
+		if e.storeDelivery != delivery || e.storeEpoch != epoch || e.storeFailures == 0 {
+			e.storeDelivery, e.storeEpoch, e.storeFailures, e.storeAllRan = delivery, epoch, 0, true
 		}
 		e.storeFailures++
-		n = e.storeFailures
+		e.storeAllRan = e.storeAllRan && ran
+		n, allRan = e.storeFailures, e.storeAllRan
 	})
-	return n
+	return n, allRan
 }
 
 // forget drops what is known of a message that was settled for good.

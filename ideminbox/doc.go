@@ -44,17 +44,32 @@
 // Later duplicates are acknowledged without running; Inbox.Status shows
 // the record.
 //
+// A failure is what the handler did: an error, a panic, or a success it
+// answered after a failed statement had aborted its transaction
+// (idem.ErrWritesAborted: its writes are lost, so nothing is stored). A
+// handler whose transaction the database keeps ending under it (the
+// store answers, yet refuses what the handler did, more than three times
+// in a row on one delivery) fails too.
+//
 // Attempts are the broker's delivery numbers (JetStream NumDelivered,
 // RabbitMQ x-delivery-count; an in-memory count where the broker keeps
 // none), less the deliveries this process knows ended without the handler
 // failing. A store failure never counts, even when it made the handler
 // fail: after a handler error the inbox checks the store, and holds the
-// delivery if the store does not answer. A delivery nobody answered
-// counts: a message that comes back past MaxAttempts while its key is
-// still held by the claim of the consumer that ran it last (which crashed,
-// or was killed, while the handler ran) is recorded as poison without
-// running again, with ErrUnanswered, once that claim's lease has ended.
-// A message that kills its consumer every time ends so.
+// delivery if the store does not answer.
+//
+// A delivery nobody answered counts, so that a message that kills its
+// consumer every time ends as poison too. The store cannot tell a claim
+// whose consumer crashed on the message from one whose handler succeeded
+// and whose consumer stopped while the store was down, before the outcome
+// could be stored; the second must not make the message poison. So the
+// first delivery past MaxAttempts that finds the key still held grants
+// the message one last run, recorded in the store: it runs once that
+// claim's lease has ended. If that last run does not answer either, the
+// next delivery finds the key held by the last run's claim, and records
+// the message as poison without running it again, with ErrUnanswered. A
+// crash loop so ends after MaxAttempts+1 crashes, on delivery
+// MaxAttempts+2.
 //
 // # What the count cannot tell
 //
@@ -66,10 +81,15 @@
 // and when a held message outlives the broker's patience (a JetStream
 // AckWait missed because progress reports stopped; RabbitMQ's
 // consumer_timeout, 30 minutes by default, closes the channel). Each such
-// event costs one delivery to the messages then held: set MaxDeliver (or
-// a delivery limit) well above MaxAttempts, or unlimited. A message given
-// back so often that it comes back past MaxAttempts runs once more when
-// its key is free; if it fails then, it is poison at once.
+// event costs one delivery to the messages then held. A broker that
+// drops a message past a delivery limit would then drop messages the
+// inbox never processed nor recorded as poison: set the limit (JetStream
+// MaxDeliver, a quorum queue's x-delivery-limit) to unlimited, or at
+// least Inbox.MinDeliveryLimit (MaxAttempts, 2 to end a crash loop, and
+// GivenBackMargin for deliveries given back); idemjetstream's Check
+// refuses less, and idemamqp's CheckQueueArgs checks a queue's arguments.
+// A message given back so often that it comes back past MaxAttempts runs
+// once more when its key is free; if it fails then, it is poison at once.
 //
 // On a store without transactions (idemredis, idemmem), a handler's
 // effects cannot be undone: when the store fails after the handler ran

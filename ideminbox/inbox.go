@@ -34,10 +34,11 @@ const (
 var ErrNoMessageID = errors.New("ideminbox: the message has no id")
 
 // ErrUnanswered is the recorded cause of a message given up without
-// running again: it came back more than MaxAttempts times, and the
-// consumer that last took it stopped (crashed, was killed) while handling
-// it, as a message that kills its consumer does every time.
-var ErrUnanswered = errors.New("ideminbox: delivered more than MaxAttempts times, and the consumer that last ran it stopped before answering (the message may crash its consumer)")
+// running again: it came back more than MaxAttempts times, was granted
+// one last run, and the consumer that took that last run stopped
+// (crashed, was killed) while handling it, as had the one before it: as
+// a message that kills its consumer does every time.
+var ErrUnanswered = errors.New("ideminbox: delivered more than MaxAttempts times, and its last run, like the run before it, stopped before answering (the message may crash its consumer)")
 
 // HandlerFunc does the work of one message. ctx carries the store's
 // transaction (idemsql.TxFromContext(ctx), idempg.TxFromContext(ctx)): writes made through it
@@ -72,8 +73,9 @@ type Config struct {
 
 	// Consumer names the consumer; Tenant(Consumer) is the tenant of every
 	// key, so two consumers of one message (two services reading one
-	// stream) each process it once, independently. Required, at most 255
-	// bytes.
+	// stream) each process it once, independently. Required: printable
+	// UTF-8 text (no control character, tab and NUL included) of at most
+	// 255 bytes.
 	Consumer string
 
 	// MaxAttempts is the number of handler attempts after which a failing
@@ -85,11 +87,15 @@ type Config struct {
 	// elsewhere, a shutdown), so that a store outage never makes a message
 	// poison; the adapters hold such deliveries rather than give them
 	// back, which keeps the broker's count as it was. A delivery the
-	// consumer never answered (it crashed on it) counts: a message that
-	// comes back past MaxAttempts while its key is still held by the
-	// consumer that last ran it is recorded as poison without running
-	// again (ErrUnanswered), so that a message that kills its consumer
-	// every time ends as poison too. Defaults to 5.
+	// consumer never answered (it crashed on it) counts, so that a message
+	// that kills its consumer every time ends as poison too: the first
+	// delivery past MaxAttempts that finds the key still held by a claim
+	// nobody answered grants the message one last run (the claim may be
+	// one whose handler succeeded and whose consumer stopped while the
+	// store was down, which must not count); if that last run does not
+	// answer either, the next delivery records the message as poison
+	// without running it again (ErrUnanswered). Such a message takes
+	// MaxAttempts+2 deliveries. Defaults to 5.
 	MaxAttempts int
 
 	// DeadLetterFunc receives poison messages. Defaults to none: the
@@ -117,7 +123,8 @@ type Config struct {
 	// refuses a statement larger than its max_allowed_packet, 16 MiB by
 	// default; a record that cannot be written would make the message come
 	// back forever). Status.DataSize tells the whole payload's length;
-	// DeadLetterFunc receives all of it. Defaults to 1 MiB.
+	// DeadLetterFunc receives all of it. Defaults to 1 MiB; if you raise
+	// it, keep it well under the store's largest statement.
 	MaxPoisonData int
 
 	// Retention is how long a processed message's key is kept, so that a
@@ -160,7 +167,8 @@ type Inbox struct {
 const maxConsumer = 255
 
 // NewInbox returns an inbox, or an error when config is unusable: no
-// Consumer, or not exactly one of Engine and Store.
+// Consumer, a Consumer that is not printable text (see Config.Consumer),
+// or not exactly one of Engine and Store.
 func NewInbox(config *Config) (*Inbox, error) {
 	if config == nil {
 		return nil, errors.New("ideminbox: NewInbox needs a Config with its Consumer and its Engine or Store")
@@ -170,8 +178,8 @@ func NewInbox(config *Config) (*Inbox, error) {
 	if config.Consumer == "" {
 		return nil, errors.New("ideminbox: Config.Consumer is required")
 	}
-	if len(config.Consumer) > maxConsumer {
-		return nil, fmt.Errorf("ideminbox: Config.Consumer is %d bytes long, more than %d", len(config.Consumer), maxConsumer)
+	if err := validateConsumer(config.Consumer); err != nil {
+		return nil, err
 	}
 	if (config.Engine == nil) == (config.Store == nil) {
 		return nil, errors.New("ideminbox: set exactly one of Config.Engine and Config.Store")
@@ -222,6 +230,27 @@ func NewInbox(config *Config) (*Inbox, error) {
 	}, nil
 }
 
+// validateConsumer refuses a consumer name that cannot be a tenant on
+// every store: longer than maxConsumer, not UTF-8 (PostgreSQL refuses
+// such text, so every claim would fail, the store checks with them, and
+// the consumer would wait for a store that never answers), or holding a
+// control character (NUL is refused by PostgreSQL too; the others would
+// reach logs and operators' screens through the tenant).
+func validateConsumer(name string) error {
+	if len(name) > maxConsumer {
+		return fmt.Errorf("ideminbox: Config.Consumer is %d bytes long, more than %d", len(name), maxConsumer)
+	}
+	if !utf8.ValidString(name) {
+		return fmt.Errorf("ideminbox: Config.Consumer %+q is not valid UTF-8; name the consumer with printable text", name)
+	}
+	for i, r := range name {
+		if r == '\t' || fieldtext.IsCTL(r) {
+			return fmt.Errorf("ideminbox: Config.Consumer %+q holds the control character %U at byte %d; name the consumer with printable text", name, r, i)
+		}
+	}
+	return nil
+}
+
 func defaultRetryDelay(attempt int) time.Duration {
 	if attempt < 1 {
 		attempt = 1
@@ -246,6 +275,26 @@ const tenantPrefix = "\x1finbox:"
 // Config returns the inbox's configuration with defaults filled in; its
 // Engine is the inbox's own.
 func (in *Inbox) Config() Config { return in.config }
+
+// GivenBackMargin is the room MinDeliveryLimit leaves for deliveries given
+// back to the broker without running: each time a consumer stops, crashes
+// or misses the broker's acknowledgement deadline while it holds a message
+// (during a store outage, say), the broker counts one more delivery of it,
+// which the inbox cannot take off once that consumer is gone.
+const GivenBackMargin = 10
+
+// MinDeliveryLimit returns the smallest finite delivery limit of the
+// broker (JetStream's MaxDeliver, a RabbitMQ quorum queue's
+// x-delivery-limit) under which the inbox, not the broker, decides what
+// becomes of every message: MaxAttempts deliveries, two more to end a
+// crash loop (the last run, and the delivery that records the message as
+// poison), and GivenBackMargin. Past a lower limit the broker drops (or
+// dead-letters) a message the inbox has neither processed nor recorded as
+// poison. An unlimited one (-1) leaves nothing to chance, and is the
+// advice: the inbox records every poison message itself.
+func (in *Inbox) MinDeliveryLimit() int {
+	return in.config.MaxAttempts + 2 + GivenBackMargin
+}
 
 // Close closes the inbox's engine (see idem.Engine.Close). Call it once
 // the consumers using the inbox have returned.
@@ -359,7 +408,10 @@ func (d Decision) AwaitsStore(err error) bool {
 //   - First delivery, or redelivery of a message that failed: the handler
 //     runs; on success Ack, on failure Nack with RetryDelayFunc's delay and
 //     the handler's error, or on attempt MaxAttempts or later, the
-//     poison path (AckPoison and the handler's error).
+//     poison path (AckPoison and the handler's error). A failure is an
+//     error or a panic of the handler, or a success it answered after a
+//     failed statement had aborted its transaction (idem.ErrWritesAborted:
+//     its writes are lost, nothing is stored).
 //   - Duplicate of a processed or poison message: AckDuplicate; nothing runs.
 //   - Message in flight in another execution: Hold for InFlightDelay,
 //     with idem.ErrInFlight.
@@ -367,15 +419,23 @@ func (d Decision) AwaitsStore(err error) bool {
 //     (errors.Is(err, idem.ErrStore)): Hold until AwaitStore returns; the
 //     handler did not run, or its work was rolled back, and the delivery
 //     is not counted as an attempt. If the store keeps failing on this
-//     message although it answers AwaitStore (three times in a row), Nack
-//     with RetryDelayFunc's delay instead, so that one message the store
-//     refuses cannot hold its consumer forever.
+//     delivery although it answers AwaitStore (more than three times in a
+//     row), Nack with RetryDelayFunc's delay instead, so that one message
+//     the store refuses cannot hold its consumer forever; and when the
+//     handler ran before each of those failures (the database ended its
+//     transaction under it, or refused what it did), its failure counts
+//     as an attempt, as any handler failure (Nack, or the poison path).
+//   - The inbox closed (idem.ErrClosed): Nack without delay, not counted.
 //   - ctx ended: Nack without delay; the delivery is not counted as an
 //     attempt. On a store without transactions, a handler that returned
 //     no error is completed all the same (see idem.Engine.Do): Ack.
-//   - Past MaxAttempts, with the key still held by the consumer that last
-//     ran it: recorded as poison without running, with ErrUnanswered,
-//     once that holder's lease has ended (Hold until then).
+//   - Past MaxAttempts, with the key still held by a claim nobody
+//     answered: the message is granted a last run, which takes the key
+//     over once that claim's lease has ended (Hold until then); past
+//     MaxAttempts with the key held by another claim than the one the
+//     last run was granted over (the last run did not answer either):
+//     recorded as poison without running, with ErrUnanswered, once that
+//     claim's lease has ended (Hold until then).
 //   - No id: Reject with ErrNoMessageID.
 //
 // The error explains every answer other than Ack and AckDuplicate.
@@ -391,7 +451,9 @@ func (in *Inbox) Process(ctx context.Context, msg Message, handler HandlerFunc) 
 		}
 	}
 
+	ran := false // whether the handler started, for a failure of the store after it
 	out, err := in.engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
+		ran = true
 		if err := handler(ctx); err != nil {
 			// Marked, so that a handler error is never mistaken for one of
 			// the engine's (a handler may itself return idem.ErrInFlight).
@@ -422,6 +484,10 @@ func (in *Inbox) Process(ctx context.Context, msg Message, handler HandlerFunc) 
 	case errors.As(err, &herr):
 		err = herr.err
 	case errors.As(err, &perr):
+	case errors.Is(err, idem.ErrWritesAborted):
+		// The handler answered a success after a failed statement had
+		// aborted its transaction: its writes are lost, nothing was
+		// stored and the key was released. Its failure, not the store's.
 	case errors.Is(err, idem.ErrInFlight), errors.Is(err, idem.ErrLeaseLost):
 		// Another execution holds (or took over) the key: its outcome
 		// decides. Come back once it has had the time to finish.
@@ -432,15 +498,27 @@ func (in *Inbox) Process(ctx context.Context, msg Message, handler HandlerFunc) 
 		return Decision{Action: Nack}, err
 	default:
 		// The store failed, not the handler: never poison a message for it.
-		return in.storeFailed(op, msg, attempt, err)
+		return in.storeFailed(ctx, op, msg, attempt, err, ran)
 	}
 
-	// The handler failed (error or panic), and the engine rolled its writes
-	// back and released the key. A handler whose store went down under it
-	// fails too: check the store before counting the failure.
+	// The handler failed (error, panic, or a success whose writes a failed
+	// statement had aborted), and the engine rolled its writes back and
+	// released the key. A handler whose store went down under it fails
+	// too: check the store before counting the failure.
 	if serr := in.checkStore(ctx); serr != nil {
-		return in.storeFailed(op, msg, attempt, errors.Join(err, serr))
+		if errors.Is(serr, idem.ErrClosed) {
+			in.local.unrun(op.Key, msg.Attempt)
+			return Decision{Action: Nack}, errors.Join(err, serr)
+		}
+		return in.storeFailed(ctx, op, msg, attempt, errors.Join(err, serr), false)
 	}
+	return in.failed(ctx, op, msg, attempt, err)
+}
+
+// failed answers a delivery on which the handler ran and failed: it counts
+// as an attempt. Nack for a redelivery, or, on attempt MaxAttempts or
+// later, the poison path.
+func (in *Inbox) failed(ctx context.Context, op idem.Operation, msg Message, attempt int, err error) (Decision, error) {
 	in.local.ran(op.Key, msg.Attempt)
 	if attempt < in.config.MaxAttempts {
 		if msg.Attempt <= 0 {
@@ -456,21 +534,42 @@ func (in *Inbox) Process(ctx context.Context, msg Message, handler HandlerFunc) 
 const storeFailures = 3
 
 // storeFailed answers a delivery whose store operations failed: Hold until
-// the store answers, unless the store keeps refusing this very delivery.
-func (in *Inbox) storeFailed(op idem.Operation, msg Message, attempt int, err error) (Decision, error) {
-	in.local.unrun(op.Key, msg.Attempt)
-	if in.local.storeFailure(op.Key, msg.Attempt, in.storeEpoch.Load()) > storeFailures {
-		return Decision{Action: Nack, Delay: in.config.RetryDelayFunc(attempt)}, err
+// the store answers, and count nothing. Unless the store keeps refusing
+// this very delivery while it answers every check: then the delivery is
+// given back (Nack), so that one message cannot hold its consumer
+// forever; and if the handler ran each time, and each time the store
+// refused what it did (its transaction ended by the database under it, a
+// completion refused), the failure is the handler's and counts as an
+// attempt, so that such a message ends as poison instead of running
+// forever.
+func (in *Inbox) storeFailed(ctx context.Context, op idem.Operation, msg Message, attempt int, err error, ran bool) (Decision, error) {
+	n, allRan := in.local.storeFailure(op.Key, msg.Attempt, in.storeEpoch.Load(), ran)
+	if n <= storeFailures {
+		in.local.unrun(op.Key, msg.Attempt)
+		return Decision{Action: Hold}, err
 	}
-	return Decision{Action: Hold}, err
+	if allRan {
+		return in.failed(ctx, op, msg, attempt, err)
+	}
+	in.local.unrun(op.Key, msg.Attempt)
+	return Decision{Action: Nack, Delay: in.config.RetryDelayFunc(attempt)}, err
 }
 
 // unanswered decides a delivery past MaxAttempts. Every earlier failure
 // would have made the message poison by now, so some earlier deliveries
-// were never answered: given back at a shutdown before they ran (the key
-// is then free), or taken by a consumer that stopped while the handler ran
-// (the key is then still held, by a claim nobody will complete). The
-// first runs once more; the second is recorded as poison without running.
+// were never answered: given back before they ran (the key is then free;
+// the message runs once more), or taken by an execution that never
+// answered (the key is then still held by its claim). That execution may
+// have crashed on the message, or it may have run the handler to the end
+// and met the store down when it came to store the outcome, then stopped
+// before the store came back: the store cannot tell the two apart, and a
+// store failure must never make a message poison. So the first time a
+// delivery past MaxAttempts finds the key held, the message is granted a
+// last run: the claim found holding the key is recorded (lastRun), and
+// the message runs once more, taking the key over when that claim's lease
+// ends. A delivery that then finds the key held by another claim, the
+// last run's own or a later one, knows that the last run never answered
+// either: the message is recorded as poison without running again.
 func (in *Inbox) unanswered(ctx context.Context, op idem.Operation, msg Message, attempt int) (Decision, error, bool) {
 	rec, err := in.config.Store.Get(ctx, op.Tenant, op.Key)
 	switch {
@@ -481,13 +580,58 @@ func (in *Inbox) unanswered(ctx context.Context, op idem.Operation, msg Message,
 			in.local.unrun(op.Key, msg.Attempt)
 			return Decision{Action: Nack}, err, true
 		}
-		d, err := in.storeFailed(op, msg, attempt, &idem.StoreError{Op: "get", Err: err})
+		d, err := in.storeFailed(ctx, op, msg, attempt, &idem.StoreError{Op: "get", Err: err}, false)
 		return d, err, true
 	case rec.State != idem.StateInFlight:
 		return Decision{}, nil, false
 	}
-	d, err := in.poison(ctx, op, msg, attempt, ErrUnanswered, Hold)
+	granted, err := in.lastRun(ctx, op, rec.LeaseToken)
+	switch {
+	case err == nil && granted == rec.LeaseToken:
+		// The key is still held by the claim the last run was granted
+		// over: run (once its lease ends).
+		return Decision{}, nil, false
+	case err == nil:
+		d, err := in.poison(ctx, op, msg, attempt, ErrUnanswered, Hold)
+		return d, err, true
+	case errors.Is(err, idem.ErrInFlight), errors.Is(err, idem.ErrLeaseLost):
+		// Another delivery of the message records the grant right now.
+		in.local.unrun(op.Key, msg.Attempt)
+		return Decision{Action: Hold, Delay: in.config.InFlightDelay}, err, true
+	case ctx.Err() != nil, errors.Is(err, idem.ErrClosed):
+		in.local.unrun(op.Key, msg.Attempt)
+		return Decision{Action: Nack}, err, true
+	}
+	d, err := in.storeFailed(ctx, op, msg, attempt, err, false)
 	return d, err, true
+}
+
+// lastRun returns the lease token of the claim that held the key of op
+// when the message was granted its last run (see unanswered), recording
+// holder as that claim if no grant was recorded yet. The grant is a record
+// of its own, under the inbox's tenant and a key derived from op's
+// (lastRunKey), kept for Retention like the message's.
+func (in *Inbox) lastRun(ctx context.Context, op idem.Operation, holder int64) (int64, error) {
+	out, err := in.engine.Do(ctx, idem.Operation{Tenant: in.tenant, Key: lastRunKey(op.Key)}, func(ctx context.Context) (idem.Result, error) {
+		return idem.Result{Mode: idem.ModeResponse, Status: statusLastRun, Body: strconv.AppendInt(nil, holder, 10)}, nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	granted, perr := strconv.ParseInt(string(out.Result.Body), 10, 64)
+	if perr != nil || out.Result.Status != statusLastRun {
+		return 0, &idem.StoreError{Op: "get", Err: fmt.Errorf("ideminbox: the last-run record of key %q holds %q, not a lease token", op.Key, out.Result.Body)}
+	}
+	return granted, nil
+}
+
+// lastRunKey returns the key of the record of a message's last run:
+// "sha256:last-run:" and the hex SHA-256 of the message's key. Key never
+// returns it (it hashes every id that starts with "sha256:" into 64 hex
+// digits right after the prefix), so no message id can claim it.
+func lastRunKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hashedPrefix + "last-run:" + hex.EncodeToString(sum[:])
 }
 
 // poison records msg as complete with a poison marker, in a claim of its
@@ -539,7 +683,7 @@ func (in *Inbox) poison(ctx context.Context, op idem.Operation, msg Message, att
 	case ctx.Err() != nil:
 		return Decision{Action: Nack}, err
 	case errors.Is(err, idem.ErrStore):
-		return in.storeFailed(op, msg, attempt, errors.Join(cause, err))
+		return in.storeFailed(ctx, op, msg, attempt, errors.Join(cause, err), false)
 	}
 	// The hook failed: keep the message (it will run again, and be poison
 	// again if it fails again).
@@ -550,11 +694,15 @@ func (in *Inbox) poison(ctx context.Context, op idem.Operation, msg Message, att
 // StoreRetryInterval, or until ctx ends (then it returns ctx's error). An
 // adapter calls it while it holds a delivery that Process answered Hold
 // with a store error (Decision.AwaitsStore), and takes no new message
-// meanwhile: none could be processed.
+// meanwhile: none could be processed. Once the inbox is closed it returns
+// idem.ErrClosed.
 func (in *Inbox) AwaitStore(ctx context.Context) error {
 	for {
-		if in.checkStore(ctx) == nil {
+		switch err := in.checkStore(ctx); {
+		case err == nil:
 			return nil
+		case errors.Is(err, idem.ErrClosed):
+			return err
 		}
 		t := time.NewTimer(in.config.StoreRetryInterval)
 		select {
@@ -572,8 +720,8 @@ func (in *Inbox) AwaitStore(ctx context.Context) error {
 const probeKey = hashedPrefix + "store-check"
 
 // checkStore claims and releases probeKey, and returns the store's error
-// (a *idem.StoreError) if that failed. A claim lost to another check
-// counts as an answer.
+// (a *idem.StoreError) if that failed, or idem.ErrClosed once the inbox
+// is closed. A claim lost to another check counts as an answer.
 func (in *Inbox) checkStore(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, in.engine.Config().CleanupTimeout)
 	defer cancel()
@@ -583,6 +731,9 @@ func (in *Inbox) checkStore(ctx context.Context) error {
 	})
 	if err == nil || errors.Is(err, idem.ErrInFlight) {
 		return nil
+	}
+	if errors.Is(err, idem.ErrClosed) {
+		return err
 	}
 	if !errors.Is(err, idem.ErrStore) {
 		err = &idem.StoreError{Op: "check", Err: err}
@@ -633,6 +784,8 @@ func fieldText(s string) string {
 const (
 	statusProcessed = 200
 	statusPoison    = 599
+	// statusLastRun marks the record of a message's last run (lastRun).
+	statusLastRun = 598
 )
 
 // Header names of a poison record's idem.Result.Header.

@@ -297,6 +297,9 @@ func TestConfigDefaults(t *testing.T) {
 		{Consumer: "c"},
 		{Consumer: "c", Engine: engine, Store: idemmem.NewStore(nil)},
 		{Consumer: strings.Repeat("c", 256), Store: idemmem.NewStore(nil)}, // its tenant would not fit MySQL's 512 bytes
+		{Consumer: "c\x00", Store: idemmem.NewStore(nil)},                  // PostgreSQL refuses NUL in text
+		{Consumer: "c\xff", Store: idemmem.NewStore(nil)},                  // and invalid UTF-8
+		{Consumer: "c\u009b", Store: idemmem.NewStore(nil)},                // a control character
 	} {
 		if _, err := ideminbox.NewInbox(&bad); err == nil {
 			t.Errorf("New(%+v) accepted", bad)

@@ -2,8 +2,9 @@
 // services and benchmarks.
 //
 // It has no transactions: Tx.Complete writes the result by itself, so a
-// business write made elsewhere is not committed together with it. Records
-// live in the process and are gone when it exits. Use idemsql or idempg
+// business write made elsewhere is not committed together with it. It
+// keeps recovery points (idem.Step) as an idem.StepStore. Records live in
+// the process and are gone when it exits, recovery points with them. Use idemsql or idempg
 // when the result must commit with a business write.
 package idemmem
 
@@ -81,6 +82,11 @@ type entry struct {
 	// flag in the entry's padding rather than a pointer, which would
 	// make every entry a size class larger.
 	watched bool
+
+	// steps are the recovery points (idem.StepStore), in the encoding of
+	// idem.MarshalSteps: a byte slice without pointers, appended to in
+	// place, never shared with a caller.
+	steps []byte
 }
 
 // own stores a copy of fingerprint, in the entry when it fits.
@@ -107,7 +113,10 @@ func (e *entry) sameFingerprint(fingerprint []byte) bool {
 	return bytes.Equal(e.fingerprint, fingerprint)
 }
 
-var _ idem.Store = (*Store)(nil)
+var (
+	_ idem.Store     = (*Store)(nil)
+	_ idem.StepStore = (*Store)(nil)
+)
 
 // Info implements idem.Store: "memory", without transactions.
 func (s *Store) Info() idem.StoreInfo { return idem.StoreInfo{Name: "memory"} }
@@ -193,8 +202,9 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	now := s.now()
 	head := sh.records[h]
 	old := head.find(p.Tenant, p.Key)
+	takeover := false
 	if old != nil && now.Before(old.at(old.expiresAt)) {
-		takeover := old.inFlight() && !now.Before(old.at(old.lockedUntil)) && old.sameFingerprint(p.Fingerprint)
+		takeover = old.inFlight() && !now.Before(old.at(old.lockedUntil)) && old.sameFingerprint(p.Fingerprint)
 		if !takeover {
 			return idem.ClaimResult{Record: old.record()}, nil
 		}
@@ -208,6 +218,19 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		expiresAt:   p.Retention,
 	}
 	e.own(p.Fingerprint)
+	res := idem.ClaimResult{Won: true, Takeover: takeover}
+	if takeover && len(old.steps) > 0 {
+		// The steps go on with the operation: the new execution gets
+		// them, and so does any that takes over from it. The old entry
+		// is dropped, so its buffer is handed over as it is.
+		e.steps = old.steps
+		steps, err := idem.UnmarshalSteps(e.steps)
+		if err != nil {
+			// Only SaveStep writes them, through AppendStep.
+			panic("idemmem: recorded steps do not decode: " + err.Error())
+		}
+		res.Steps = steps
+	}
 	// Filed at the head of the chain, in place of the record taken over:
 	// one map write, the map read above being enough.
 	if old != nil {
@@ -216,7 +239,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	}
 	e.next = head
 	sh.records[h] = e
-	return idem.ClaimResult{Won: true}, nil
+	return res, nil
 }
 
 // Begin implements idem.Store. The returned Tx only completes.
@@ -234,15 +257,51 @@ func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
 	})
 }
 
-// Release implements idem.Store.
+// Release implements idem.Store. A record that holds steps is kept, its
+// lease ended, so that the next claim takes it over with them.
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 	err := s.held(p.Tenant, p.Key, p.Token, func(sh *shard, h uint64, e *entry, now time.Time) {
+		if len(e.steps) > 0 {
+			e.lockedUntil = min(e.lockedUntil, e.since(now))
+			sh.changed(e)
+			return
+		}
 		sh.remove(h, e)
 	})
 	if err == idem.ErrLeaseLost {
 		return nil
 	}
 	return err
+}
+
+// SaveStep implements idem.StepStore. The step is kept in memory, which
+// is as durable as this store gets.
+func (s *Store) SaveStep(ctx context.Context, p idem.SaveStepParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.held(p.Tenant, p.Key, p.Token, func(sh *shard, h uint64, e *entry, now time.Time) {
+		if hasStep(e.steps, p.Name) {
+			return // the first value stays
+		}
+		e.steps = idem.AppendStep(e.steps, p.Name, p.Value)
+	})
+}
+
+// hasStep reports whether the steps encoded in b include name.
+func hasStep(b []byte, name string) bool {
+	for len(b) > 0 {
+		n, size := binary.Uvarint(b)
+		b = b[size:]
+		found := string(b[:n]) == name
+		b = b[n:]
+		n, size = binary.Uvarint(b)
+		b = b[size+int(n):]
+		if found {
+			return true
+		}
+	}
+	return false
 }
 
 // held runs fn under the shard lock when (tenant, key) is in flight under
@@ -371,6 +430,13 @@ func (e *entry) record() *idem.Record {
 		LockedUntil: e.at(e.lockedUntil),
 		CreatedAt:   e.createdAt,
 		ExpiresAt:   e.at(e.expiresAt),
+	}
+	if len(e.steps) > 0 {
+		steps, err := idem.UnmarshalSteps(e.steps)
+		if err != nil {
+			panic("idemmem: recorded steps do not decode: " + err.Error())
+		}
+		rec.Steps = steps
 	}
 	header, body := e.split()
 	// The fingerprint and the body share one copy, each capped so that an

@@ -103,3 +103,27 @@ func TestWatchNothingInFlight(t *testing.T) {
 		t.Fatal("Watch of an absent record returned an open channel")
 	}
 }
+
+// A release that keeps the record for its recovery points ends its lease:
+// the waiters hear of it at once, not at the end of the lease it had.
+func TestWatchReleaseWithSteps(t *testing.T) {
+	s := idemmem.NewStore(nil)
+	p := claimFor(t, s, "k", time.Hour)
+	ctx := context.Background()
+	if err := s.SaveStep(ctx, idem.SaveStepParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token, Name: "charge", Value: []byte("ch_1")}); err != nil {
+		t.Fatal(err)
+	}
+	changed, stop, err := s.Watch(ctx, p.Tenant, p.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if err := s.Release(ctx, idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Watch's channel still open after a release that ended the lease")
+	}
+}

@@ -370,3 +370,38 @@ func TestDeferredConstraintRefusesCommit(t *testing.T) {
 	}
 	checkPoolReused(t, e)
 }
+
+// TestSuccessAfterAbortNotStored: a handler that swallows a failed
+// statement and answers a success would have a result stored whose writes
+// the abort undid. Do returns idem.ErrWritesAborted instead, stores
+// nothing, releases the key, and the connection goes back idle; a 4xx
+// answered the same way is stored (TestAbortedTransactionStoresAnswerAlone).
+func TestSuccessAfterAbortNotStored(t *testing.T) {
+	e := newEnv(t, 1)
+	ctx := context.Background()
+	engine := mustEngine(t, e.store)
+	runs := 0
+	handler := func(ctx context.Context) (idem.Result, error) {
+		runs++
+		if err := insertOrder(ctx, "swallowed"); err != nil {
+			return idem.Result{}, err
+		}
+		_, _ = idempg.TxFromContext(ctx).Exec(ctx, `INSERT INTO orders (ref) VALUES (NULL)`) // error swallowed
+		return idem.Result{Status: 201}, nil
+	}
+	for i := range 2 {
+		if _, err := engine.Do(ctx, idem.Operation{Tenant: "t", Key: "swallowed"}, handler); !errors.Is(err, idem.ErrWritesAborted) {
+			t.Fatalf("Do %d: %v, want idem.ErrWritesAborted", i, err)
+		}
+	}
+	if runs != 2 {
+		t.Fatalf("the handler ran %d times, want 2 (the key released after each refusal)", runs)
+	}
+	if _, err := e.store.Get(ctx, "t", "swallowed"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("record: %v, want none", err)
+	}
+	if n := e.countOrders(t, "swallowed"); n != 0 {
+		t.Fatalf("%d orders committed, want 0", n)
+	}
+	checkPoolReused(t, e)
+}

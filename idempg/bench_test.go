@@ -76,6 +76,23 @@ func BenchmarkEngineFresh(b *testing.B) {
 	})
 }
 
+// BenchmarkEngineStep is BenchmarkEngineFresh with a step recorded
+// (idem.Step) before the write, as a charge before the order: one more
+// round trip and one more synchronous commit, its own.
+func BenchmarkEngineStep(b *testing.B) {
+	e := benchEnv(b)
+	eng := mustEngine(b, e.store)
+	runBench(b, func(ctx context.Context, i int64) error {
+		_, err := eng.Do(ctx, idem.Operation{Tenant: "bench", Key: fmt.Sprint("step-", i)}, func(ctx context.Context) (idem.Result, error) {
+			if _, err := idem.Step(ctx, "charge", func(context.Context) (string, error) { return "ch_1", nil }); err != nil {
+				return idem.Result{}, err
+			}
+			return createOrder(i)(ctx)
+		})
+		return err
+	})
+}
+
 // BenchmarkEngineReplay retries one completed operation: the claim alone
 // answers, with the stored result.
 func BenchmarkEngineReplay(b *testing.B) {

@@ -3,12 +3,14 @@ package idempg
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -25,8 +27,9 @@ import (
 //   - eagerbegin: Begin takes a connection and sends BEGIN, in a round
 //     trip of its own, before the handler runs;
 //   - nowaiters: the schema without migration 0004 (the waiters column and
-//     the triggers that notify waiters), what a completion cost before the
-//     wait mode: the triggers' WHEN must keep the fast path as it was.
+//     the idem_complete that notifies the waiters it marks), what a
+//     completion cost before the wait mode, which must keep the fast path
+//     as it was.
 //
 // Every variant, and the baselines, send one statement per claim
 // (ClaimBatchSize 1), since the claim variants edit that statement; the
@@ -96,11 +99,13 @@ func batched(s *Store) {
 	s.batcher.store = s
 }
 
-// noWaiters undoes migration 0004.
+// noWaiters undoes migration 0004: idem_complete as 0002 made it, no
+// waiters column.
 func noWaiters(s *Store) {
-	_, err := s.pool.Exec(context.Background(), `DROP TRIGGER idem_keys_waiters_update ON idem_keys;
-		DROP TRIGGER idem_keys_waiters_delete ON idem_keys;
-		ALTER TABLE idem_keys DROP COLUMN waiters`)
+	complete, err := fs.ReadFile(idemmigrate.Files(idemmigrate.Postgres), "0002_idem_complete.sql")
+	if err == nil {
+		_, err = s.pool.Exec(context.Background(), string(complete)+`; ALTER TABLE idem_keys DROP COLUMN waiters`)
+	}
 	if err != nil {
 		panic(fmt.Sprintf("noWaiters: %v; update the variant", err))
 	}

@@ -35,11 +35,20 @@ import (
 //     operation. That holds while the completions commit synchronously
 //     (synchronous_commit on, the default); see "Asynchronous claims" in
 //     the package documentation and docs/STORES.md.
+//   - a takeover keeps the recovery points of the record it replaces
+//     (claimConflict), and ins returns them from the row version it
+//     updated: the latest committed one, under its row lock, so that a
+//     step the previous holder saved after this statement's snapshot is
+//     not missed. A fresh key returns NULL there, and a claim that is
+//     lost (a replay) reads no steps at all: they cost nothing outside a
+//     takeover.
 //
-// The final SELECT always yields one row: won, and the held record's
-// columns or NULLs. When won is false and the columns are NULL, the row
-// that beat this claim was committed after the statement's snapshot was
-// taken; Claim then runs the statement again, with a fresh snapshot.
+// The final SELECT always yields one row: won; whether the won claim took
+// over an in-flight record (cur saw one that was not past retention); the
+// steps of a won claim; and the held record's columns or NULLs. When won is
+// false and the columns are NULL, the row that beat this claim was
+// committed after the statement's snapshot was taken; Claim then runs the
+// statement again, with a fresh snapshot.
 const claimSQL = `WITH cur AS (
 	SELECT ` + recordColumns + `,
 		(expires_at <= now()
@@ -54,15 +63,18 @@ const claimSQL = `WITH cur AS (
 	FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async
 	WHERE NOT EXISTS (SELECT FROM cur WHERE NOT cur.claimable)
 ` + claimConflict + `
-	RETURNING 1
+	RETURNING k.steps
 )
-SELECT EXISTS (SELECT FROM ins), ` + curColumns + `
-FROM (VALUES (1)) AS one LEFT JOIN cur c ON NOT c.claimable`
+SELECT w.won, w.won AND EXISTS (SELECT FROM cur WHERE cur.expires_at > now()), w.steps, ` + curColumns + `
+FROM (SELECT EXISTS (SELECT FROM ins) AS won, (SELECT steps FROM ins) AS steps) AS w
+	LEFT JOIN cur c ON NOT c.claimable`
 
 // claimConflict is the ON CONFLICT clause of a claim's INSERT, shared by
 // claimSQL and claimBatchSQL: it takes the row over only when it is past
 // retention, or in flight with an expired lease and the same fingerprint,
-// the conditions under which the cur CTE calls a row claimable.
+// the conditions under which the cur CTE calls a row claimable. A row past
+// retention counts as absent, and loses its recovery points with the rest;
+// an in-flight one taken over keeps them for the new holder.
 const claimConflict = `	ON CONFLICT (tenant_id, idem_key) DO UPDATE SET
 		fingerprint = excluded.fingerprint,
 		state = 'in_flight',
@@ -75,7 +87,8 @@ const claimConflict = `	ON CONFLICT (tenant_id, idem_key) DO UPDATE SET
 		resource_ref = NULL,
 		created_at = excluded.created_at,
 		completed_at = NULL,
-		expires_at = excluded.expires_at
+		expires_at = excluded.expires_at,
+		steps = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.steps END
 	WHERE k.expires_at <= now()
 		OR (k.state = 'in_flight' AND k.locked_until <= now() AND k.fingerprint IS NOT DISTINCT FROM excluded.fingerprint)`
 
@@ -99,6 +112,11 @@ var errClaimRace = errors.New("idempg: claim kept losing to concurrent changes i
 // loses a race to a concurrent claim of the same key needs a second round
 // trip to read the winner's record. Unless Config.ClaimBatchSize is 1,
 // claims made at the same time share one statement (claimBatchSQL).
+//
+// A won claim that takes over an in-flight record reports Takeover and the
+// steps recorded under it; the record of a lost claim comes without its
+// steps (Record.Steps is nil), which only Get reads, so that a replay
+// reads no more than it did before recovery points.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	if err := checkIdentity(p.Tenant, p.Key); err != nil {
 		return idem.ClaimResult{}, idem.NotApplied(err)
@@ -114,29 +132,56 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		return s.batcher.claim(ctx, p, fingerprint)
 	}
 	for range claimAttempts {
-		var won bool
-		var r scannedRecord
-		dest := append([]any{&won}, r.dest()...)
+		var r claimRow
 		conn, err := s.pool.Acquire(ctx)
 		if err != nil {
 			return idem.ClaimResult{}, idem.NotApplied(err) // nothing sent
 		}
 		err = conn.QueryRow(ctx, s.claimQuery, p.Tenant, p.Key, fingerprint, p.Token,
-			micros(p.Lease), micros(p.Retention)).Scan(dest...)
+			micros(p.Lease), micros(p.Retention)).Scan(r.dest()...)
 		conn.Release()
 		if err != nil {
 			return idem.ClaimResult{}, claimError(err)
 		}
-		if won {
-			return idem.ClaimResult{Won: true}, nil
-		}
-		if r.present() {
-			rec, err := r.record(p.Tenant, p.Key)
-			if err != nil {
-				return idem.ClaimResult{}, err
-			}
-			return idem.ClaimResult{Record: rec}, nil
+		if r.answered() {
+			return r.result(p)
 		}
 	}
 	return idem.ClaimResult{}, errClaimRace
+}
+
+// claimRow is what a claim statement answered for one claim.
+type claimRow struct {
+	won      bool
+	takeover bool
+	steps    []byte // the recovery points a won takeover kept
+	record   scannedRecord
+}
+
+// dest lists where a claim statement's columns go, after the batch's
+// claim number when there is one.
+func (r *claimRow) dest() []any {
+	return append([]any{&r.won, &r.takeover, &r.steps}, r.record.dest()...)
+}
+
+// answered reports whether the statement decided the claim; false when it
+// was beaten by a row its snapshot could not see.
+func (r *claimRow) answered() bool { return r.won || r.record.present() }
+
+// result turns an answered row into what Claim returns. Recorded steps
+// that do not decode fail the claim, which the engine then releases: the
+// corruption is reported rather than the steps silently run again.
+func (r *claimRow) result(p idem.ClaimParams) (idem.ClaimResult, error) {
+	if r.won {
+		steps, err := decodeSteps(r.steps)
+		if err != nil {
+			return idem.ClaimResult{}, err
+		}
+		return idem.ClaimResult{Won: true, Takeover: r.takeover, Steps: steps}, nil
+	}
+	rec, err := r.record.record(p.Tenant, p.Key)
+	if err != nil {
+		return idem.ClaimResult{}, err
+	}
+	return idem.ClaimResult{Record: rec}, nil
 }

@@ -26,10 +26,9 @@ func TestClaimCommitsAsynchronously(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	var won bool
-	var r scannedRecord
-	if err := tx.QueryRow(ctx, claimSQL, "t", "k", nil, int64(1), int64(1e6), int64(1e6)).Scan(append([]any{&won}, r.dest()...)...); err != nil || !won {
-		t.Fatalf("claim: won %v, %v", won, err)
+	var r claimRow
+	if err := tx.QueryRow(ctx, claimSQL, "t", "k", nil, int64(1), int64(1e6), int64(1e6)).Scan(r.dest()...); err != nil || !r.won {
+		t.Fatalf("claim: won %v, %v", r.won, err)
 	}
 	var during, after string
 	if err := tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&during); err != nil {

@@ -26,7 +26,9 @@ import (
 // (tenant, key) is never twice in a batch: ON CONFLICT DO UPDATE cannot
 // touch a row twice in one statement.
 //
-// One row comes back per claim, numbered by i (from 1, in the order sent).
+// One row comes back per claim, numbered by i (from 1, in the order sent),
+// with the columns of claimSQL's answer: won, takeover, the steps a won
+// takeover kept, the holding record.
 //
 // The arrays reach unnest through scalar subqueries so that the planner
 // cannot see their length. When it can, every execution's custom plan
@@ -60,10 +62,14 @@ const claimBatchSQL = `WITH req AS (
 	WHERE NOT EXISTS (SELECT FROM cur WHERE cur.i = r.i AND NOT cur.claimable)
 	ORDER BY r.i
 ` + claimConflict + `
-	RETURNING k.tenant_id, k.idem_key
+	RETURNING k.tenant_id, k.idem_key, k.steps
 )
-SELECT r.i, EXISTS (SELECT FROM ins WHERE ins.tenant_id = r.tenant_id AND ins.idem_key = r.idem_key), ` + curColumns + `
-FROM req r LEFT JOIN cur c ON c.i = r.i AND NOT c.claimable`
+SELECT r.i, ins.idem_key IS NOT NULL,
+	ins.idem_key IS NOT NULL AND EXISTS (SELECT FROM cur t WHERE t.i = r.i AND t.expires_at > now()),
+	ins.steps, ` + curColumns + `
+FROM req r
+	LEFT JOIN ins ON ins.tenant_id = r.tenant_id AND ins.idem_key = r.idem_key
+	LEFT JOIN cur c ON c.i = r.i AND NOT c.claimable`
 
 // keysColumns are recordColumns read from idem_keys under the alias k.
 const keysColumns = `k.fingerprint, k.state, k.lease_token, k.locked_until, k.storage_mode, k.status_code,
@@ -231,16 +237,6 @@ func (b *claimBatcher) take() []*claimWaiter {
 
 type identity struct{ tenant, key string }
 
-// claimRow is what a claim statement answered for one claim.
-type claimRow struct {
-	won    bool
-	record scannedRecord
-}
-
-// answered reports whether the statement decided the claim; false when it
-// was beaten by a row its snapshot could not see.
-func (r *claimRow) answered() bool { return r.won || r.record.present() }
-
 // exec runs one batch statement and hands each claim its outcome.
 func (b *claimBatcher) exec(batch []*claimWaiter) {
 	slices.SortFunc(batch, func(x, y *claimWaiter) int {
@@ -299,12 +295,13 @@ func (b *claimBatcher) exec(batch []*claimWaiter) {
 		res := results[i]
 		switch {
 		case res.won:
-			b.deliver(w, claimOutcome{result: idem.ClaimResult{Won: true}})
+			result, err := res.result(w.p)
+			b.deliver(w, claimOutcome{result: result, err: err})
 			again = append(again, followers...)
 		case res.answered():
 			for _, x := range append([]*claimWaiter{w}, followers...) {
-				rec, err := res.record.record(x.p.Tenant, x.p.Key)
-				b.deliver(x, claimOutcome{result: idem.ClaimResult{Record: rec}, err: err})
+				result, err := res.result(x.p)
+				b.deliver(x, claimOutcome{result: result, err: err})
 			}
 		default:
 			// As Claim's loop does: a fresh snapshot will read the winner.
@@ -340,7 +337,7 @@ func (b *claimBatcher) query(ctx context.Context, batch []*claimWaiter) ([]claim
 	if n == 1 {
 		w, res := batch[0], &results[0]
 		err := conn.QueryRow(ctx, b.store.claimQuery, w.p.Tenant, w.p.Key, w.fingerprint, w.p.Token,
-			micros(w.p.Lease), micros(w.p.Retention)).Scan(append([]any{&res.won}, res.record.dest()...)...)
+			micros(w.p.Lease), micros(w.p.Retention)).Scan(res.dest()...)
 		return results, err
 	}
 	tenants := make([]string, n)
@@ -361,7 +358,7 @@ func (b *claimBatcher) query(ctx context.Context, batch []*claimWaiter) ([]claim
 	for rows.Next() {
 		var i int64
 		var row claimRow
-		if err := rows.Scan(append([]any{&i, &row.won}, row.record.dest()...)...); err != nil {
+		if err := rows.Scan(append([]any{&i}, row.dest()...)...); err != nil {
 			return nil, err
 		}
 		if i < 1 || i > int64(n) {

@@ -65,7 +65,8 @@ func completeValues(p idem.CompleteParams) ([][]byte, error) {
 //   - a statement failed and aborted the transaction (a unique violation
 //     the handler answered 409): [ROLLBACK, idem_complete, Sync], one round
 //     trip that undoes every write of the transaction and stores the answer
-//     alone;
+//     alone; a success answer (under 400) there is not stored: ROLLBACK,
+//     and idem.ErrWritesAborted;
 //   - rolled its transaction back (handlerTx.Rollback): the completion
 //     alone, through the pool, as if it had written nothing.
 //
@@ -122,6 +123,14 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 	case 'T':
 		return commitWith(ctx, pgConn, values)
 	case 'E':
+		if p.Result.Status < 400 {
+			// A success whose writes a failed statement undid: storing
+			// it would replay a result that never happened.
+			if err := pgConn.Exec(ctx, "ROLLBACK").Close(); err != nil {
+				return err
+			}
+			return idem.ErrWritesAborted
+		}
 		return rollbackThenComplete(ctx, pgConn, values)
 	default:
 		// 'I': the BEGIN took effect, yet no transaction is open. The

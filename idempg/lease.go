@@ -26,13 +26,37 @@ func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
 	return nil
 }
 
-// Release implements idem.Store. The delete is fenced on the token and the
+// Release implements idem.Store. It is fenced on the token and the
 // in-flight state, so a release that comes late (after a takeover, or
-// after a completion whose commit the caller could not confirm) deletes
-// nothing.
+// after a completion whose commit the caller could not confirm) changes
+// nothing. A record without recovery points is deleted, so that the retry
+// runs afresh; one that holds some (SaveStep) is kept in flight with its
+// lease ended at once, so that the retry takes it over and gets them.
+//
+// Both cases are one statement. Should a step be saved between its
+// snapshot and its row lock (a step the handler left running after it
+// returned), the delete, re-checked on the newest row, deletes nothing,
+// and the record stays held until its lease ends, then is taken over with
+// that step.
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
-	_, err := s.pool.Exec(ctx, `DELETE FROM idem_keys
-		WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'in_flight'`,
-		p.Tenant, p.Key, p.Token)
+	_, err := s.pool.Exec(ctx, releaseSQL, p.Tenant, p.Key, p.Token)
 	return interpretError(err)
 }
+
+// releaseSQL deletes the released record or ends its lease, whichever its
+// recovery points call for; the two conditions exclude each other, so one
+// row is never touched twice by the statement. When duplicates wait for
+// the record (Watch set its waiters flag), it tells them, as idem_complete
+// does (migration 0004); a record nobody waits for calls no pg_notify.
+const releaseSQL = `WITH gone AS (
+	DELETE FROM idem_keys
+	WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'in_flight' AND steps IS NULL
+	RETURNING waiters
+), ended AS (
+	UPDATE idem_keys SET locked_until = now()
+	WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'in_flight' AND steps IS NOT NULL
+	RETURNING waiters
+)
+SELECT pg_notify('idem_keys_' || 'idem_keys'::regclass::oid::text, md5($1) || $2)
+FROM (SELECT waiters FROM gone UNION ALL SELECT waiters FROM ended) AS changed
+WHERE waiters`

@@ -34,7 +34,8 @@ func (c countingConn) Write(b []byte) (int, error) {
 // with the COMMIT. A replay costs one, the claim. A handler that sends no
 // query costs two, the claim and the completion alone; one whose
 // statement fails and that answers all the same costs three: the claim,
-// BEGIN with the failing statement, ROLLBACK with the completion.
+// BEGIN with the failing statement, ROLLBACK with the completion. A step
+// (idem.Step) costs one more: its own UPDATE.
 func TestRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	url := testenv.PostgresSchema(t)
@@ -63,6 +64,17 @@ func TestRoundTrips(t *testing.T) {
 		if err == nil && !out.Replayed {
 			err = fmt.Errorf("not replayed")
 		}
+		return err
+	}
+	// A step recorded before the business write, as a charge before the
+	// order: one UPDATE of its own, through the pool, then the order.
+	step := func(i int) error {
+		_, err := eng.Do(ctx, idem.Operation{Tenant: "t", Key: fmt.Sprint("step", i)}, func(ctx context.Context) (idem.Result, error) {
+			if _, err := idem.Step(ctx, "charge", func(context.Context) (string, error) { return "ch_1", nil }); err != nil {
+				return idem.Result{}, err
+			}
+			return createOrder(int64(i))(ctx)
+		})
 		return err
 	}
 	bare := func(i int) error { return bareInsert(ctx, pool, int64(i)) }
@@ -111,6 +123,9 @@ func TestRoundTrips(t *testing.T) {
 	}
 	if got := cost("engine, fresh key", writes, fresh); got != 3 {
 		t.Errorf("fresh request: %d round trips, want 3: claim, BEGIN+INSERT, complete+COMMIT", got)
+	}
+	if got := cost("engine, fresh key, one step", writes, step); got != 4 {
+		t.Errorf("fresh request with a step: %d round trips, want 4: claim, step, BEGIN+INSERT, complete+COMMIT", got)
 	}
 	if got := cost("engine, replay", writes, replay); got != 1 {
 		t.Errorf("replay: %d round trips, want 1", got)

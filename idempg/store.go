@@ -58,7 +58,10 @@ type Config struct {
 // DefaultClaimConcurrency is Config.ClaimConcurrency when it is left zero.
 const DefaultClaimConcurrency = 1
 
-var _ idem.Store = (*Store)(nil)
+var (
+	_ idem.Store     = (*Store)(nil)
+	_ idem.StepStore = (*Store)(nil)
+)
 
 // Info implements idem.Store: "postgresql", transactional.
 func (s *Store) Info() idem.StoreInfo {
@@ -103,12 +106,21 @@ func NewStore(pool *pgxpool.Pool, config *Config) (*Store, error) {
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
 // Get implements idem.Store. It reads the record whatever its state or
-// retention, and returns idem.ErrNotFound when there is none.
+// retention, its recovery points included, and returns idem.ErrNotFound
+// when there is none.
 func (s *Store) Get(ctx context.Context, tenant, key string) (*idem.Record, error) {
-	row := s.pool.QueryRow(ctx, `SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = $1 AND idem_key = $2`, tenant, key)
+	row := s.pool.QueryRow(ctx, `SELECT `+recordColumns+`, steps FROM idem_keys WHERE tenant_id = $1 AND idem_key = $2`, tenant, key)
 	var r scannedRecord
-	if err := row.Scan(r.dest()...); err != nil {
+	var steps []byte
+	if err := row.Scan(append(r.dest(), &steps)...); err != nil {
 		return nil, interpretError(err)
 	}
-	return r.record(tenant, key)
+	rec, err := r.record(tenant, key)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Steps, err = decodeSteps(steps); err != nil {
+		return nil, err
+	}
+	return rec, nil
 }

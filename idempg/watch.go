@@ -34,8 +34,8 @@ const (
 
 // markSQL marks the record as waited on, when it is in flight, and says
 // whether it is (marked now or before). The mark is what makes its
-// completion, release or takeover notify (migration 0004); unmarked
-// records never pay for pg_notify. Like the claim, it does not wait for
+// completion (idem_complete, migration 0004) and its release notify;
+// unmarked records never pay for pg_notify. Like the claim, it does not wait for
 // its WAL flush: a mark lost in a crash only leaves the waiters to the
 // engine's polling.
 const markSQL = `WITH marked AS (
@@ -56,9 +56,10 @@ SELECT EXISTS (SELECT FROM marked)
 // and Watch returns an error until it is back: the engine polls meanwhile.
 //
 // Watch marks the record (the waiters column, migration 0004), so that its
-// completion notifies; a record that is not in flight gets a channel
-// closed already. The end of a lease is no statement, and notifies
-// nothing: the engine's polling finds it.
+// completion and its release notify; a record that is not in flight gets
+// a channel closed already. The end of a lease is no statement, and
+// notifies nothing, nor does a takeover, which only follows one: the
+// engine's polling finds them.
 //
 // A notification names the tenant by the md5 of its bytes in the
 // database's encoding, which Watch computes from the UTF-8 string it is

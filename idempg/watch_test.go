@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -14,8 +15,10 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/internal/atonce"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -86,8 +89,9 @@ func mustClose(t *testing.T, changed <-chan struct{}, what string) {
 	}
 }
 
-// Another process's completion, release and takeover reach the waiters
-// of this one: the notifications go through the database.
+// Another process's completion and release reach the waiters of this
+// one: the notifications go through the database. So does a release that
+// keeps the record, its lease ended, for its recovery points.
 func TestWatchAcrossStores(t *testing.T) {
 	e := newEnv(t, 4)
 	ctx := context.Background()
@@ -106,16 +110,19 @@ func TestWatchAcrossStores(t *testing.T) {
 	}
 	mustClose(t, changed, "released by the other store")
 
-	p = claimIn(t, e.other, "t", "taken-over", 200*time.Millisecond)
+	p = claimIn(t, e.other, "t", "released-with-steps", time.Hour)
+	if err := e.other.SaveStep(ctx, idem.SaveStepParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token, Name: "charge", Value: []byte("ch_1")}); err != nil {
+		t.Fatal(err)
+	}
 	changed, stop = watch(t, e.store, p.Tenant, p.Key)
 	defer stop()
-	time.Sleep(400 * time.Millisecond)
-	p.Token++
-	p.Lease = time.Hour
-	if res, err := e.other.Claim(ctx, p); err != nil || !res.Won {
-		t.Fatalf("takeover = %+v, %v; want won", res, err)
+	if err := e.other.Release(ctx, idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token}); err != nil {
+		t.Fatal(err)
 	}
-	mustClose(t, changed, "taken over by the other store")
+	if rec, err := e.store.Get(ctx, p.Tenant, p.Key); err != nil || rec.State != idem.StateInFlight {
+		t.Fatalf("record released with steps = %+v, %v; want kept in flight", rec, err)
+	}
+	mustClose(t, changed, "released with its steps (lease ended) by the other store")
 }
 
 // Only records somebody waits for notify, and only when they change in a
@@ -199,6 +206,21 @@ func TestWatchNotifiesOnlyWaitedChanges(t *testing.T) {
 		t.Errorf("notification payload %q, want %q", n.Payload, want)
 	}
 	mustClose(t, changed, "completion of a record waited on")
+
+	// Waited on, released: the release notifies.
+	p = claimIn(t, e.store, "t", "waited-released", time.Hour)
+	changed, stop = watch(t, e.other, p.Tenant, p.Key)
+	defer stop()
+	if err := e.store.Release(ctx, idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err = raw.WaitForNotification(wctx); err != nil {
+		t.Fatalf("release of a record waited on: no notification: %v", err)
+	}
+	if want := hex.EncodeToString(sum[:]) + p.Key; n.Payload != want {
+		t.Errorf("notification payload %q, want %q", n.Payload, want)
+	}
+	mustClose(t, changed, "release of a record waited on")
 }
 
 // A thousand duplicates waiting on one key, in four engines over one
@@ -344,44 +366,30 @@ func TestWatchConnectionEndsWhenIdle(t *testing.T) {
 	}
 }
 
-// On a schema without migration 0004 Watch says what to do, and the
-// duplicates still wait, by polling.
+// On a schema without migration 0004 Watch says what to do.
 func TestWatchWithoutMigration(t *testing.T) {
-	e := newEnv(t, 8)
 	ctx := context.Background()
-	if _, err := e.pool.Exec(ctx, `DROP TRIGGER idem_keys_waiters_update ON idem_keys;
-		DROP TRIGGER idem_keys_waiters_delete ON idem_keys;
-		ALTER TABLE idem_keys DROP COLUMN waiters`); err != nil {
-		t.Fatal(err)
-	}
-	p := claimIn(t, e.store, "t", "k", time.Hour)
-	if _, _, err := e.store.Watch(ctx, p.Tenant, p.Key); err == nil || !strings.Contains(err.Error(), "Migrate") {
-		t.Fatalf("Watch without the waiters column = %v, want an error saying to run Migrate", err)
-	}
-	eng, err := idem.NewEngine(e.store, &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	pool := newPool(t, testenv.PostgresSchema(t), 4)
+	files := idemmigrate.Files(idemmigrate.Postgres)
+	names, err := fs.Glob(files, "*.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
-	op := idem.Operation{Tenant: "t", Key: "dup", WaitInFlight: time.Minute}
-	const duplicates = 5
-	outs := make([]idem.Outcome, duplicates)
-	errs := make([]error, duplicates)
-	atonce.Run(duplicates, func(i int) {
-		outs[i], errs[i] = eng.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
-			time.Sleep(200 * time.Millisecond)
-			return idem.Result{Status: 201}, nil
-		})
-	})
-	replays := 0
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("duplicate %d: %v", i, err)
+	for _, name := range names {
+		if strings.HasPrefix(name, "0004") {
+			break
 		}
-		if outs[i].Replayed {
-			replays++
+		sql, err := fs.ReadFile(files, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, string(sql)); err != nil {
+			t.Fatalf("%s: %v", name, err)
 		}
 	}
-	if replays != duplicates-1 {
-		t.Fatalf("%d replays, want %d", replays, duplicates-1)
+	st := must(idempg.NewStore(pool, nil))
+	p := claimIn(t, st, "t", "k", time.Hour)
+	if _, _, err := st.Watch(ctx, p.Tenant, p.Key); err == nil || !strings.Contains(err.Error(), "Migrate") {
+		t.Fatalf("Watch without the waiters column = %v, want an error saying to run Migrate", err)
 	}
 }

@@ -7,7 +7,7 @@
 // # What it guarantees
 //
 // Claim, takeover of an expired lease, the fingerprint check, Extend,
-// Release and completion are each one Lua script, so each is one atomic
+// Release, a recovery point and completion are each one Lua script, so each is one atomic
 // step on the server: two processes claiming one key at the same instant
 // get one winner, and an execution whose lease was taken over cannot
 // complete, because every write is fenced by its lease token. Nothing is
@@ -71,7 +71,35 @@
 // answer stored (memory then exceeds maxmemory by the answers of the
 // executions in flight when the server filled up), a release still frees
 // its key. Before Redis 7, scripts carry no flags: the extension and the
-// completion are refused as well.
+// completion are refused as well. A recovery point (idem.Step) is refused
+// on every version, since steps are as many and as large as handlers make
+// them: the handler fails with idem.ErrStepNotSaved, its earlier steps
+// stay recorded, and a retry runs the refused step again (pass
+// idem.DownstreamKey to the service it calls).
+//
+// # Recovery points
+//
+// The store implements idem.StepStore: idem.Step records a step's result
+// in the record's steps field (SaveStep, one script fenced by the lease
+// token, durable as far as the server's persistence is), and a name
+// recorded twice keeps its first value. A release does not delete a
+// record that holds steps: it ends its lease, so the next claim with the
+// same fingerprint takes it over (ClaimResult.Takeover) and gets the
+// steps (ClaimResult.Steps, and idem.Execution in the handler), and the
+// steps it recorded are not run again. Such a record lives until its
+// retention ends, as any other; another fingerprint is refused meanwhile.
+//
+// # Waiting for a key
+//
+// Store.Watch tells a caller when a record may have changed: completed or
+// released by any process, its lease ended. The completion and the
+// release announce themselves on a pub/sub channel named as the record's
+// key; the store keeps one pub/sub connection for all its watchers (one
+// per master on a Cluster, where the announcement is sharded, SPUBLISH,
+// so it stays on the record's shard) and one subscription per watched
+// key, however many watch it. On a Cluster of servers before Redis 7,
+// which lack sharded pub/sub, watchers poll instead, every
+// Config.WatchPollInterval.
 //
 // # Key layout
 //
@@ -83,9 +111,12 @@
 // Cluster hash tag, so everything for one (tenant, key) is in one slot; the
 // length prefix keeps a tenant holding ':' from colliding with another.
 // Its fields (state, token, fingerprint, locked_until, created_at,
-// expires_at, and once complete: completed_at, mode, status, header, body,
-// reference, completion_id) read plainly with HGETALL; times are
-// microseconds since the Unix epoch on the server's clock.
+// expires_at, steps once a step is recorded, and once complete:
+// completed_at, mode, status, header, body, reference, completion_id) read
+// plainly with HGETALL, but for steps, which holds idem.MarshalSteps's
+// encoding; times are microseconds since the Unix epoch on the server's
+// clock. The channel Watch listens on has the record's key for its name,
+// so on a Cluster it is in the record's slot.
 //
 // # Cluster and Sentinel
 //

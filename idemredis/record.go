@@ -46,6 +46,9 @@ func decodeRecord(f map[string]string) (*idem.Record, error) {
 	if rec.ExpiresAt, err = parseMicros(f, "expires_at"); err != nil {
 		return nil, err
 	}
+	if rec.Steps, err = decodeSteps(f["steps"]); err != nil {
+		return nil, err
+	}
 	if rec.State != idem.StateComplete {
 		return rec, nil
 	}

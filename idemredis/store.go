@@ -50,21 +50,37 @@ type Config struct {
 	// Defaults to 5s; negative means a single attempt on the caller's
 	// context.
 	CompleteTimeout time.Duration
+
+	// WatchPollInterval is how often a watcher checks the record again on
+	// a Cluster whose servers lack sharded pub/sub (before Redis 7): the
+	// channel Watch returns is then closed after this long, whether or
+	// not the record changed. Defaults to 250ms.
+	WatchPollInterval time.Duration
 }
+
+// DefaultWatchPollInterval is Config.WatchPollInterval's default.
+const DefaultWatchPollInterval = 250 * time.Millisecond
 
 // DefaultCompleteTimeout is Config.CompleteTimeout's default.
 const DefaultCompleteTimeout = 5 * time.Second
 
 // Store is an idem.Store on Redis. It is safe for concurrent use; create it
-// with New.
+// with NewStore.
 type Store struct {
 	client          redis.UniversalClient
 	prefix          string
 	completeTimeout time.Duration
 	plain           atomic.Bool // a server refused the flagged scripts (see eval)
+	// notify is the command the completion and the release announce a
+	// change with: SPUBLISH on a Cluster, PUBLISH elsewhere.
+	notify  string
+	watches *watches
 }
 
-var _ idem.Store = (*Store)(nil)
+var (
+	_ idem.Store     = (*Store)(nil)
+	_ idem.StepStore = (*Store)(nil)
+)
 
 // Info implements idem.Store: "redis", without transactions.
 func (s *Store) Info() idem.StoreInfo { return idem.StoreInfo{Name: "redis"} }
@@ -103,10 +119,18 @@ func NewStore(client redis.UniversalClient, config *Config) (*Store, error) {
 	if cfg.CompleteTimeout == 0 {
 		cfg.CompleteTimeout = DefaultCompleteTimeout
 	}
+	if cfg.WatchPollInterval <= 0 {
+		cfg.WatchPollInterval = DefaultWatchPollInterval
+	}
 	if err := reportEviction(context.Background(), client, &cfg, cfg.Logger); err != nil {
 		return nil, err
 	}
-	return &Store{client: client, prefix: cfg.Prefix, completeTimeout: cfg.CompleteTimeout}, nil
+	s := &Store{client: client, prefix: cfg.Prefix, completeTimeout: cfg.CompleteTimeout, notify: "PUBLISH"}
+	if _, ok := client.(*redis.ClusterClient); ok {
+		s.notify = "SPUBLISH"
+	}
+	s.watches = newWatches(s, cfg.WatchPollInterval)
+	return s, nil
 }
 
 func (s *Store) key(tenant, key string) string { return recordKey(s.prefix, tenant, key) }
@@ -115,7 +139,9 @@ func (s *Store) key(tenant, key string) string { return recordKey(s.prefix, tena
 // when there is none, it is past retention, or it is in flight with an
 // expired lease and the same fingerprint, writes a fresh in-flight record
 // with the lease deadline taken from the server's clock and a TTL that
-// ends with the retention (or the lease, if that ends later).
+// ends with the retention (or the lease, if that ends later). A claim won
+// over an in-flight record (a takeover) reports it, with the recovery
+// points the earlier executions recorded (ClaimResult.Takeover, Steps).
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	// Sent once, without go-redis's resends, so that its error tells
 	// whether it may have run: a resend can meet a refusal (a replica
@@ -137,7 +163,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		return idem.ClaimResult{}, errors.New("idemredis: claim: empty reply")
 	}
 	if won, _ := reply[0].(int64); won == 1 {
-		return idem.ClaimResult{Won: true}, nil
+		return wonClaim(reply)
 	}
 	if len(reply) != 2 {
 		return idem.ClaimResult{}, fmt.Errorf("idemredis: claim: unexpected reply %v", reply)
@@ -166,17 +192,21 @@ func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
 	return nil
 }
 
-// Release implements idem.Store in one Lua script fenced by the token.
+// Release implements idem.Store in one Lua script fenced by the token. A
+// record holding recovery points is not deleted: its lease ends now, and
+// it stays in flight, under its retention, for the next claim to take
+// over with its steps. Watchers of the key are woken (Watch).
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 	if err := s.run(ctx, releaseScript, s.key(p.Tenant, p.Key),
-		strconv.FormatInt(p.Token, 10)).Err(); err != nil {
+		strconv.FormatInt(p.Token, 10), s.notify).Err(); err != nil {
 		return fmt.Errorf("idemredis: release: %w", err)
 	}
 	return nil
 }
 
-// Get implements idem.Store. Records past their retention have been
-// deleted by their TTL, so Get returns idem.ErrNotFound for them.
+// Get implements idem.Store, recovery points included. Records past their
+// retention have been deleted by their TTL, so Get returns
+// idem.ErrNotFound for them.
 func (s *Store) Get(ctx context.Context, tenant, key string) (*idem.Record, error) {
 	fields, err := s.client.HGetAll(ctx, s.key(tenant, key)).Result()
 	if err != nil {

@@ -29,7 +29,8 @@ func (t tx) Rollback(ctx context.Context) error { return nil }
 // returns idem.ErrLeaseLost when the record is gone (expired, released,
 // flushed), held under another token, or already complete. Each call
 // draws a completion id, so that a resend of this very call is told apart
-// from a second call (see scripts.go). When the script fails (Redis
+// from a second call (see scripts.go). Watchers of the key are woken
+// (Store.Watch). When the script fails (Redis
 // unreachable, the reply lost, a refusal), Complete sends it again, with
 // the same id, until it is answered or Config.CompleteTimeout has passed.
 func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
@@ -51,7 +52,7 @@ func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 	key := t.s.key(p.Tenant, p.Key)
 	args := []any{strconv.FormatInt(p.Token, 10), p.Result.Mode.String(), p.Result.Status,
 		header, p.Result.Body, p.Result.Reference,
-		strconv.FormatUint(rand.Uint64(), 10)}
+		strconv.FormatUint(rand.Uint64(), 10), t.s.notify}
 	for attempts, pause := 1, 20*time.Millisecond; ; attempts, pause = attempts+1, min(2*pause, 500*time.Millisecond) {
 		ok, err := t.s.run(ctx, completeScript, key, args...).Int()
 		if err == nil {

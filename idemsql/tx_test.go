@@ -317,3 +317,52 @@ func TestCommitSentAsSQL(t *testing.T) {
 		}
 	})
 }
+
+// TestSuccessAfterAbortNotStored: a handler that swallows a failed
+// statement and answers a success would have a result stored whose writes
+// PostgreSQL undid. Do returns idem.ErrWritesAborted instead, stores
+// nothing and releases the key, so the retry runs again. Elsewhere the
+// transaction survived the failed statement, and the success commits.
+func TestSuccessAfterAbortNotStored(t *testing.T) {
+	forEachDialect(t, func(t *testing.T, env *testDB) {
+		ctx := context.Background()
+		accounts := strings.ReplaceAll(newName("accounts"), "-", "_")
+		if _, err := env.db.ExecContext(ctx, `CREATE TABLE `+accounts+` (name VARCHAR(64) PRIMARY KEY)`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.db.ExecContext(ctx, `INSERT INTO `+accounts+` (name) VALUES ('ada')`); err != nil {
+			t.Fatal(err)
+		}
+		engine := newEngine(t, env.store, nil)
+		op := idem.Operation{Tenant: newName("tenant"), Key: "signup-ok"}
+		order := newName("order")
+		runs := 0
+		handler := func(ctx context.Context) (idem.Result, error) {
+			runs++
+			if err := env.businessWrite(ctx, order); err != nil {
+				return idem.Result{}, err
+			}
+			// The error is swallowed: a bug, or a "best effort" insert.
+			_, _ = idemsql.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO `+accounts+` (name) VALUES ('ada')`)
+			return idem.Result{Status: 201}, nil
+		}
+		out, err := engine.Do(ctx, op, handler)
+		if env.dialect != idemsql.Postgres {
+			if err != nil || out.Result.Status != 201 {
+				t.Fatalf("Do = %+v, %v; want the 201 committed", out, err)
+			}
+			mustCount(t, env, order, 1)
+			return
+		}
+		if !errors.Is(err, idem.ErrWritesAborted) {
+			t.Fatalf("Do = %+v, %v; want idem.ErrWritesAborted", out, err)
+		}
+		if _, err := env.store.Get(ctx, op.Tenant, op.Key); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("record after the refused success: %v; want none (key released)", err)
+		}
+		mustCount(t, env, order, 0)
+		if _, err := engine.Do(ctx, op, handler); !errors.Is(err, idem.ErrWritesAborted) || runs != 2 {
+			t.Fatalf("retry: %v after %d runs; want the handler run again, refused again", err, runs)
+		}
+	})
+}

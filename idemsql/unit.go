@@ -270,7 +270,8 @@ func (s *Store) rollsBackOnTimeout(ctx context.Context, conn *sql.Conn) bool {
 // statement. So does one the handler rolled back (Tx.Rollback), and one
 // whose transaction PostgreSQL aborted after a failed statement: the
 // business writes cannot commit, the answer the handler chose is stored
-// without them. A transaction the database ended under the handler
+// without them, unless it is a success (a status under 400), which would
+// be false: Complete then returns idem.ErrWritesAborted. A transaction the database ended under the handler
 // (unitEnded, or found ended here) stores nothing: Complete returns a
 // *TxEndedError, and the engine releases the key.
 func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) (err error) {
@@ -295,6 +296,11 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) (err error) 
 	}
 	err = u.complete(ctx, p)
 	if errors.Is(err, errAborted) {
+		if p.Result.Status < 400 {
+			// A success whose writes a failed statement undid: storing
+			// it would replay a result that never happened.
+			return idem.ErrWritesAborted
+		}
 		return u.s.completeAlone(ctx, p)
 	}
 	return err

@@ -18,7 +18,7 @@
 //
 // Each area of the contract lives in its own file and runs as a subtest of
 // Exercise: Claim, Fencing, Lease, Retention, Purge, Tenants, Bodies,
-// Transactions, Engine, Wait and StoreErrors, so that `go test -run
+// Transactions, Engine, Steps, Wait and StoreErrors, so that `go test -run
 // TestConformance/Lease` runs one. Inside an area the cases run in
 // parallel, each under tenants of its own, so fixtures may share one
 // database. The areas run one after the other, and the Purge cases alone:
@@ -44,7 +44,9 @@
 //
 // A store declares what it can and cannot do in Capabilities; the cases
 // that need something it lacks are skipped with a logged reason, never
-// silently passed.
+// silently passed. Recovery points (idem.StepStore) are expected of every
+// store: the Steps area fails a store that does not implement
+// idem.StepStore unless it runs with Capabilities.NoSteps.
 //
 // # Trusting the suite
 //

@@ -42,6 +42,12 @@ type Capabilities struct {
 	// expired records are gone and live ones kept, instead of counting
 	// what Purge deleted.
 	SelfExpiring bool
+	// NoSteps: the store keeps no recovery points (it does not implement
+	// idem.StepStore), so idem.Step fails on it. Every store of this
+	// module keeps them: without NoSteps, the suite fails a store that
+	// does not implement idem.StepStore instead of skipping its Steps
+	// area, so that none loses them unnoticed.
+	NoSteps bool
 }
 
 // Exercise runs the whole conformance suite against the stores that
@@ -67,6 +73,7 @@ func Exercise(ctx context.Context, t *testing.T, newFixture func(t *testing.T) *
 	t.Run("Bodies", s.bodies)
 	t.Run("Transactions", s.transactions)
 	t.Run("Engine", s.engine)
+	t.Run("Steps", s.steps)
 	t.Run("Wait", s.wait)
 	t.Run("StoreErrors", s.storeErrors)
 }
@@ -82,5 +89,15 @@ func (s *suite) info(t *testing.T) {
 	}
 	if info.Transactional != s.caps.Transactional {
 		t.Errorf("Store.Info().Transactional = %v, but the suite runs with Capabilities.Transactional = %v", info.Transactional, s.caps.Transactional)
+	}
+	// The engine finds out by a type assertion whether idem.Step can
+	// record; the suite is told, so that a store losing the method fails
+	// here instead of skipping its Steps area.
+	_, keeps := fx.Store.(idem.StepStore)
+	switch {
+	case !keeps && !s.caps.NoSteps:
+		t.Errorf("%T does not implement idem.StepStore (recovery points); implement it, or run the suite with Capabilities.NoSteps", fx.Store)
+	case keeps && s.caps.NoSteps:
+		t.Errorf("%T implements idem.StepStore, but the suite runs with Capabilities.NoSteps: its Steps area would be skipped", fx.Store)
 	}
 }

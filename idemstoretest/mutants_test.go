@@ -41,6 +41,18 @@ var mutants = map[string]struct {
 	"extendNoop":             {bugs{extendNoop: true}, "Engine/HeartbeatKeepsKey"},
 	"aliasBody":              {bugs{aliasBody: true}, "Bodies/NoAliasing"},
 	"purgeStaleSnapshot":     {bugs{purgeStaleSnapshot: true}, "Purge/RacesClaims"},
+	"stepsNoFence":           {bugs{stepsNoFence: true}, "Steps/SaveStepFenced"},
+	"stepsLastValue":         {bugs{stepsLastValue: true}, "Steps/FirstValueKept"},
+	"stepAliasValue":         {bugs{stepAliasValue: true}, "Steps/FirstValueKept"},
+	"racySaveStep":           {bugs{racySaveStep: true}, "Steps/ConcurrentSaves"},
+	"stepsInUnit":            {bugs{stepsInUnit: true}, "Steps/OutsideUnitOfWork"},
+	"stepsIgnoreTenant":      {bugs{stepsIgnoreTenant: true}, "Steps/Tenants"},
+	"releaseDropsSteps":      {bugs{releaseDropsSteps: true}, "Steps/SurviveRelease"},
+	"releaseKeepsLease":      {bugs{releaseKeepsLease: true}, "Steps/SurviveRelease"},
+	"takeoverDropsSteps":     {bugs{takeoverDropsSteps: true}, "Steps/Takeover"},
+	"takeoverFlagAlways":     {bugs{takeoverFlagAlways: true}, "Steps/Takeover"},
+	"expiredKeepsSteps":      {bugs{expiredKeepsSteps: true}, "Steps/ExpiredForgetsSteps"},
+	"purgeSkipsStepped":      {bugs{purgeSkipsStepped: true}, "Steps/Purge"},
 }
 
 // TestMutants proves the suite can fail: each planted bug must make the

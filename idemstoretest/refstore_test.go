@@ -49,9 +49,26 @@ type bugs struct {
 	ignoreCtx              bool // a cancelled context goes unnoticed
 	releaseAny             bool // Release deletes whatever the token or state
 	keepWritesOnLostLease  bool // a refused Complete still commits the business writes
+
+	// Recovery points.
+	stepsNoFence       bool // SaveStep ignores the token and the state
+	stepsLastValue     bool // a name saved again takes the new value
+	stepAliasValue     bool // the stored value is the caller's slice
+	racySaveStep       bool // SaveStep reads the steps, unlocks, then writes them back
+	stepsInUnit        bool // SaveStep joins the unit of work in ctx and rolls back with it
+	stepsIgnoreTenant  bool // SaveStep finds the record by key and token alone
+	releaseDropsSteps  bool // Release deletes a record that holds steps
+	releaseKeepsLease  bool // Release leaves a record that holds steps under its lease
+	takeoverDropsSteps bool // a takeover starts without the steps
+	takeoverFlagAlways bool // every won claim says Takeover
+	expiredKeepsSteps  bool // a claim past retention inherits the old steps
+	purgeSkipsStepped  bool // Purge never deletes a record that holds steps
 }
 
-var _ idem.Store = (*refStore)(nil)
+var (
+	_ idem.Store     = (*refStore)(nil)
+	_ idem.StepStore = (*refStore)(nil)
+)
 
 func newRefStore(b bugs) *refStore {
 	return &refStore{bugs: b, records: make(map[string]*idem.Record), rows: make(map[string]int)}
@@ -91,7 +108,13 @@ func (s *refStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimRes
 		time.Sleep(time.Millisecond)
 		s.mu.Lock()
 	}
+	takeover := rec != nil && now.Before(rec.ExpiresAt)
+	var steps []idem.RecordedStep
+	if rec != nil && (takeover && !s.bugs.takeoverDropsSteps || s.bugs.expiredKeepsSteps) {
+		steps = rec.Steps
+	}
 	s.records[id] = &idem.Record{
+		Steps:       steps,
 		Tenant:      p.Tenant,
 		Key:         p.Key,
 		Fingerprint: append([]byte(nil), p.Fingerprint...),
@@ -101,7 +124,62 @@ func (s *refStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimRes
 		CreatedAt:   now,
 		ExpiresAt:   now.Add(p.Retention),
 	}
-	return idem.ClaimResult{Won: true}, nil
+	res := idem.ClaimResult{Won: true, Takeover: takeover || s.bugs.takeoverFlagAlways}
+	if takeover {
+		res.Steps = copySteps(steps)
+	}
+	return res, nil
+}
+
+func (s *refStore) SaveStep(ctx context.Context, p idem.SaveStepParams) error {
+	if err := s.ctxErr(ctx); err != nil {
+		return err
+	}
+	value := p.Value
+	if !s.bugs.stepAliasValue {
+		value = append([]byte(nil), value...)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec := s.records[s.id(p.Tenant, p.Key)]
+	if s.bugs.stepsIgnoreTenant {
+		for _, r := range s.records {
+			if r.Key == p.Key && r.LeaseToken == p.Token {
+				rec = r
+			}
+		}
+	}
+	if rec == nil || !s.bugs.stepsNoFence && (rec.State != idem.StateInFlight || rec.LeaseToken != p.Token) {
+		return idem.ErrLeaseLost
+	}
+	if tx, ok := ctx.Value(refTxKey{}).(*refTx); ok && s.bugs.stepsInUnit {
+		tx.pendingSteps = append(tx.pendingSteps, pendingStep{rec, idem.RecordedStep{Name: p.Name, Value: value}})
+		return nil
+	}
+	steps := rec.Steps
+	if s.bugs.racySaveStep {
+		s.mu.Unlock()
+		runtime.Gosched()
+		time.Sleep(time.Millisecond)
+		s.mu.Lock()
+	}
+	rec.Steps = addStep(steps, idem.RecordedStep{Name: p.Name, Value: value}, s.bugs.stepsLastValue)
+	return nil
+}
+
+// addStep returns steps with step, which keeps the first value of its
+// name unless last.
+func addStep(steps []idem.RecordedStep, step idem.RecordedStep, last bool) []idem.RecordedStep {
+	for i, s := range steps {
+		if s.Name == step.Name {
+			if last {
+				steps[i] = step
+			}
+			return steps
+		}
+	}
+	// A new array each time: a racy writer's stale copy must not share it.
+	return append(steps[:len(steps):len(steps)], step)
 }
 
 // Info implements idem.Store.
@@ -145,6 +223,12 @@ func (s *refStore) Release(ctx context.Context, p idem.ReleaseParams) error {
 	id := s.id(p.Tenant, p.Key)
 	rec := s.records[id]
 	if rec != nil && (s.bugs.releaseAny || rec.State == idem.StateInFlight && rec.LeaseToken == p.Token) {
+		if len(rec.Steps) > 0 && !s.bugs.releaseDropsSteps {
+			if !s.bugs.releaseKeepsLease {
+				rec.LockedUntil = time.Now()
+			}
+			return nil
+		}
 		delete(s.records, id)
 	}
 	return nil
@@ -188,6 +272,9 @@ func (s *refStore) Purge(ctx context.Context, p idem.PurgeParams) (int, error) {
 			continue
 		}
 		if !s.bugs.purgeLiveLeases && rec.State == idem.StateInFlight && now.Before(rec.LockedUntil) {
+			continue
+		}
+		if s.bugs.purgeSkipsStepped && len(rec.Steps) > 0 {
 			continue
 		}
 		picked = append(picked, id)
@@ -250,9 +337,16 @@ type refTxKey struct{}
 // the result, under the store's lock, so nobody sees one without the
 // other.
 type refTx struct {
-	s       *refStore
-	pending []string
-	done    bool
+	s            *refStore
+	pending      []string
+	pendingSteps []pendingStep // bugs.stepsInUnit
+	done         bool
+}
+
+// pendingStep is a step waiting in a unit of work (bugs.stepsInUnit).
+type pendingStep struct {
+	rec  *idem.Record
+	step idem.RecordedStep
 }
 
 func (t *refTx) Context(ctx context.Context) context.Context {
@@ -298,6 +392,10 @@ func (t *refTx) commit() {
 		t.s.rows[id]++
 	}
 	t.pending = nil
+	for _, p := range t.pendingSteps {
+		p.rec.Steps = addStep(p.rec.Steps, p.step, false)
+	}
+	t.pendingSteps = nil
 }
 
 func (t *refTx) Rollback(ctx context.Context) error {
@@ -305,6 +403,7 @@ func (t *refTx) Rollback(ctx context.Context) error {
 	defer t.s.mu.Unlock()
 	t.done = true
 	t.pending = nil
+	t.pendingSteps = nil
 	return nil
 }
 
@@ -313,7 +412,16 @@ func copyRecord(rec *idem.Record) *idem.Record {
 	c.Fingerprint = append([]byte(nil), rec.Fingerprint...)
 	c.Result.Body = append([]byte(nil), rec.Result.Body...)
 	c.Result.Header = copyHeader(rec.Result.Header)
+	c.Steps = copySteps(rec.Steps)
 	return &c
+}
+
+func copySteps(steps []idem.RecordedStep) []idem.RecordedStep {
+	var c []idem.RecordedStep
+	for _, s := range steps {
+		c = append(c, idem.RecordedStep{Name: s.Name, Value: append([]byte(nil), s.Value...)})
+	}
+	return c
 }
 
 func copyHeader(h map[string][]string) map[string][]string {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,84 @@ var ErrClosed = errors.New("idemamqp: delivery channel closed")
 // DeliveryCountHeader is the header in which quorum queues count the
 // earlier deliveries of a message.
 const DeliveryCountHeader = "x-delivery-count"
+
+// DeliveryLimitArg is the queue argument that bounds the deliveries of a
+// message in a quorum queue: past it RabbitMQ drops the message, or
+// dead-letters it.
+const DeliveryLimitArg = "x-delivery-limit"
+
+// ErrQueueArgs is wrapped by the errors of CheckQueueArgs.
+var ErrQueueArgs = errors.New("idemamqp: queue arguments unfit for the inbox")
+
+// quorumDefaultLimit is the delivery limit RabbitMQ 4 gives a quorum queue
+// declared without one (RabbitMQ 3 gives none).
+const quorumDefaultLimit = 20
+
+// CheckQueueArgs checks the arguments a queue is declared with (those
+// passed to Channel.QueueDeclare), and refuses, with an error wrapping
+// ErrQueueArgs, a delivery limit under which RabbitMQ could drop a message
+// the inbox has neither processed nor recorded as poison:
+//
+//   - an x-delivery-limit of 0 or more, below the inbox's
+//     MinDeliveryLimit (MaxAttempts, 2 deliveries to end a crash loop,
+//     and room for the deliveries a consumer gives back without running
+//     them when it stops, crashes or loses its channel while the store is
+//     down: RabbitMQ counts every return);
+//   - an x-delivery-limit that is not an integer;
+//   - a quorum queue without x-delivery-limit, when MinDeliveryLimit is
+//     above 20, the limit RabbitMQ 4 gives such a queue.
+//
+// An x-delivery-limit of -1 (no limit, RabbitMQ 4) is the advice: the
+// inbox records poison messages itself. RabbitMQ tells no client the
+// arguments of an existing queue, nor the policies that apply to it (a
+// delivery-limit policy overrides the argument), so the consumer cannot
+// check the queue it consumes: check the arguments you declare it with,
+// and keep policies to the same bound.
+func (c *Consumer) CheckQueueArgs(args amqp.Table) error {
+	least := c.inbox.MinDeliveryLimit()
+	fix := fmt.Sprintf("set %s to -1 (no limit: the inbox records poison messages itself), or at least %d", DeliveryLimitArg, least)
+	v, ok := args[DeliveryLimitArg]
+	if !ok {
+		if qt, _ := args["x-queue-type"].(string); qt == "quorum" && least > quorumDefaultLimit {
+			return fmt.Errorf("%w: a quorum queue declared without %s gets a limit of %d deliveries on RabbitMQ 4, and the inbox may need %d (MaxAttempts %d, 2 to end a crash loop, %d for deliveries given back without running); %s",
+				ErrQueueArgs, DeliveryLimitArg, quorumDefaultLimit, least, c.inbox.Config().MaxAttempts, ideminbox.GivenBackMargin, fix)
+		}
+		return nil
+	}
+	limit, ok := integer(v)
+	if !ok {
+		return fmt.Errorf("%w: %s is %v (%T), not an integer; %s", ErrQueueArgs, DeliveryLimitArg, v, v, fix)
+	}
+	if limit >= 0 && limit < int64(least) {
+		return fmt.Errorf("%w: %s is %d, and the inbox may need more deliveries than that: MaxAttempts %d, 2 to end a crash loop, and %d for deliveries given back without running (a consumer stopping, crashing or losing its channel while the store is down); past the limit RabbitMQ drops a message the inbox has neither processed nor recorded as poison. %s",
+			ErrQueueArgs, DeliveryLimitArg, limit, c.inbox.Config().MaxAttempts, ideminbox.GivenBackMargin, strings.ToUpper(fix[:1])+fix[1:])
+	}
+	return nil
+}
+
+// integer returns v as an int64 when it is one of the integer types an
+// AMQP table holds.
+func integer(v any) (int64, bool) {
+	switch x := v.(type) {
+	case int64:
+		return x, true
+	case int32:
+		return int64(x), true
+	case int16:
+		return int64(x), true
+	case int8:
+		return int64(x), true
+	case int:
+		return int64(x), true
+	case uint8:
+		return int64(x), true
+	case uint16:
+		return int64(x), true
+	case uint32:
+		return int64(x), true
+	}
+	return 0, false
+}
 
 // HandlerFunc processes one delivery. ctx carries the store's transaction
 // (see ideminbox.HandlerFunc); return an error to roll back and have the
@@ -95,32 +174,8 @@ func DefaultKey(d amqp.Delivery) (string, error) {
 // first delivery on a quorum queue carries no header either; the inbox's
 // own count then says 1, which is right.
 func Attempt(d amqp.Delivery) int {
-	v, ok := d.Headers[DeliveryCountHeader]
-	if !ok {
-		return 0
-	}
-	var n int64
-	switch x := v.(type) {
-	case int64:
-		n = x
-	case int32:
-		n = int64(x)
-	case int16:
-		n = int64(x)
-	case int8:
-		n = int64(x)
-	case int:
-		n = int64(x)
-	case uint8:
-		n = int64(x)
-	case uint16:
-		n = int64(x)
-	case uint32:
-		n = int64(x)
-	default:
-		return 0
-	}
-	if n < 0 || n >= 1<<31-1 {
+	n, ok := integer(d.Headers[DeliveryCountHeader])
+	if !ok || n < 0 || n >= 1<<31-1 {
 		return 0
 	}
 	return int(n) + 1

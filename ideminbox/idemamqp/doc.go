@@ -22,13 +22,24 @@
 // crashes on it each time. Classic queues only say "redelivered": the
 // inbox then counts failures in memory per process, so a poison message
 // takes MaxAttempts deliveries per competing instance, and a consumer that
-// crashes on it starts over, forever. Prefer quorum queues. A quorum
-// queue with a delivery limit (x-delivery-limit, or a policy; RabbitMQ 4
-// sets 20 by default) drops a message past it: keep the limit at
-// MaxAttempts or more, so that the inbox, not the broker, decides, and
-// leave room for the deliveries a stop or a crash costs (RabbitMQ counts
-// every return, a closed channel's included); the adapter cannot read a
-// queue's arguments to check.
+// crashes on it starts over, forever. Prefer quorum queues.
+//
+// # Delivery limits
+//
+// A quorum queue with a delivery limit (the x-delivery-limit argument, or
+// a delivery-limit policy; RabbitMQ 4 sets 20 when neither does) drops a
+// message past it, or dead-letters it, without the inbox knowing: a
+// message neither processed nor recorded as poison. RabbitMQ counts every
+// delivery given back, a closed channel's included, and the inbox needs
+// more than MaxAttempts of them: two to end a crash loop, and one for each
+// time a consumer stops, crashes or loses its channel while it holds the
+// message (during a store outage, say). Declare quorum queues with
+// x-delivery-limit -1 (no limit; the inbox records poison messages
+// itself), or at least the inbox's MinDeliveryLimit (MaxAttempts + 12),
+// and check the arguments you declare with Consumer.CheckQueueArgs:
+// RabbitMQ tells no client the arguments or policies of an existing queue,
+// so the consumer cannot check the queue it consumes. Keep policies to
+// the same bound.
 //
 // # Slow handlers and long outages
 //

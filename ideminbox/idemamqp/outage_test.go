@@ -14,15 +14,16 @@ import (
 )
 
 // The store goes down before messages arrive, for more checks than the
-// quorum queue's delivery limit allows deliveries (a limit above
-// MaxAttempts, as the package documentation asks). Consume holds the
+// quorum queue's delivery limit allows deliveries (the least limit
+// CheckQueueArgs accepts). Consume holds the
 // delivery in hand, unsettled, and takes no other until the store answers
 // again: every message then runs once, on its first delivery; the broker
 // neither redelivered nor dropped any.
 func TestStoreOutageSpendsNoDelivery(t *testing.T) {
 	inboxtest.Outages(t, func(t *testing.T, o *inboxtest.Outage) {
 		const maxAttempts = 5
-		be := newBenchArgs(t, o.Backend, amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": maxAttempts})
+		const limit = maxAttempts + 2 + ideminbox.GivenBackMargin
+		be := newBenchArgs(t, o.Backend, amqp.Table{"x-queue-type": "quorum", DeliveryLimitArg: limit})
 		ids := orderIDs(3)
 		o.Down()
 		be.start(func(c *ideminbox.Config) {
@@ -36,7 +37,7 @@ func TestStoreOutageSpendsNoDelivery(t *testing.T) {
 		// back would have spent one: more than the queue allows for all
 		// three messages.
 		be.waitFor("the store found down more often than the delivery limit allows", func() bool {
-			return o.FailedClaims.Load() >= int64(len(ids)*(maxAttempts+1))
+			return o.FailedClaims.Load() >= int64(len(ids)*(limit+1))
 		})
 		o.Up()
 		be.settle("every message acknowledged", func() bool {

@@ -98,3 +98,65 @@ func TestHandleAfterCheck(t *testing.T) {
 		t.Fatalf("effects %v", rows)
 	}
 }
+
+// A finite MaxDeliver is accepted only with room for every delivery the
+// inbox may need before it decides a message's fate: MaxAttempts, the two
+// that end a crash loop, and the deliveries given back without running.
+// Below that (MaxAttempts+1 was once accepted) the server stops
+// delivering a message that is neither processed nor recorded as poison:
+// Check refuses, naming the setting and the fix. -1 (unlimited, the
+// advice) and the server's default are accepted.
+func TestCheckRefusesMaxDeliverWithoutMargin(t *testing.T) {
+	const maxAttempts = 5
+	b := inboxtest.Mem(t)
+	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet, MaxAttempts: maxAttempts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	least := inbox.MinDeliveryLimit()
+	if least != maxAttempts+2+ideminbox.GivenBackMargin {
+		t.Fatalf("MinDeliveryLimit %d", least)
+	}
+	c, err := NewConsumer(inbox, effect(b), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		maxDeliver int
+		ok         bool
+	}{
+		{maxAttempts, false},
+		{maxAttempts + 1, false},
+		{maxAttempts + 2, false},
+		{least - 1, false},
+		{least, true},
+		{-1, true},
+		{0, true}, // the server's default: unlimited
+	} {
+		t.Run(fmt.Sprint(tc.maxDeliver), func(t *testing.T) {
+			be := newBench(t, b, jetstream.ConsumerConfig{MaxDeliver: tc.maxDeliver})
+			if tc.maxDeliver == 0 {
+				// newBench makes 0 mean -1; leave it to the server.
+				if err := be.stream.DeleteConsumer(context.Background(), "projector"); err != nil {
+					t.Fatal(err)
+				}
+				cons, err := be.stream.CreateConsumer(context.Background(), jetstream.ConsumerConfig{Durable: "projector"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				be.consumer = cons
+			}
+			err := c.Check(context.Background(), be.consumer)
+			if tc.ok {
+				if err != nil {
+					t.Fatalf("Check: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrConsumerConfig) || !strings.Contains(err.Error(), fmt.Sprintf("MaxDeliver %d", tc.maxDeliver)) ||
+				!strings.Contains(err.Error(), "Set MaxDeliver to -1") || !strings.Contains(err.Error(), fmt.Sprintf("at least %d", least)) {
+				t.Fatalf("Check: %v; want a refusal naming MaxDeliver, -1 and %d", err, least)
+			}
+		})
+	}
+}

@@ -125,8 +125,10 @@ var ErrNotChecked = errors.New("idemjetstream: the message's consumer was not ch
 //     failed and was only negatively acknowledged; with AckNone nothing is
 //     ever redelivered. Either way a failed message would be lost, never
 //     retried nor recorded as poison;
-//   - a MaxDeliver not above the inbox's MaxAttempts: the server would drop
-//     a failing message before the inbox records it as poison;
+//   - a finite MaxDeliver below the inbox's MinDeliveryLimit (MaxAttempts,
+//     2 deliveries to end a crash loop, and room for deliveries given back
+//     without running): the server would drop a message before the inbox
+//     processed it or recorded it as poison. -1 (unlimited) is the advice;
 //   - a ProgressInterval not shorter than AckWait.
 //
 // Consume calls it. Call it before Handle, which refuses the messages of
@@ -149,9 +151,9 @@ func (c *Consumer) check(ctx context.Context, cons jetstream.Consumer) (time.Dur
 		return 0, fmt.Errorf("%w: consumer %q has ack policy %s; only explicit acknowledgement keeps a failed message: with %s, acknowledging a later message also acknowledges one whose handler failed, and with %s nothing is redelivered, so the message would be lost, neither retried nor recorded as poison; use jetstream.AckExplicitPolicy",
 			ErrConsumerConfig, info.Name, cfg.AckPolicy, jetstream.AckAllPolicy, jetstream.AckNonePolicy)
 	}
-	if md := cfg.MaxDeliver; md > 0 && md <= in.MaxAttempts {
-		return 0, fmt.Errorf("%w: consumer %q has MaxDeliver %d, not above the inbox's MaxAttempts %d: the server would drop failing messages before they are recorded as poison; use -1",
-			ErrConsumerConfig, info.Name, md, in.MaxAttempts)
+	if md, least := cfg.MaxDeliver, c.inbox.MinDeliveryLimit(); md > 0 && md < least {
+		return 0, fmt.Errorf("%w: consumer %q has MaxDeliver %d, and the inbox may need more deliveries than that: MaxAttempts %d, 2 to end a crash loop, and %d for deliveries given back without running (a consumer stopping, crashing or missing AckWait while the store is down); past MaxDeliver the server drops a message the inbox has neither processed nor recorded as poison. Set MaxDeliver to -1 (unlimited: the inbox records poison messages itself), or at least %d",
+			ErrConsumerConfig, info.Name, md, in.MaxAttempts, ideminbox.GivenBackMargin, least)
 	}
 	every := c.progress
 	if every == 0 {
@@ -177,6 +179,14 @@ func (c *Consumer) check(ctx context.Context, cons jetstream.Consumer) (time.Dur
 // Handle may block for as long as the store is down, or a crashed
 // holder's lease runs. When ctx ends first, the message is negatively
 // acknowledged and the Hold decision returned.
+//
+// Handle reports the message in progress from its call on: a message
+// that waited in a client buffer before it (Consumer.Messages, a large
+// Fetch batch behind a slow handler) may have outlived its AckWait there,
+// and the server then sent it again and counted one more delivery of it.
+// Pull no more messages than the handler gets through within AckWait, or
+// use Consume, which pulls one at a time and reports a waiting message in
+// progress from its arrival.
 //
 // The message's consumer must have been accepted by Check: otherwise
 // Handle returns an error wrapping ErrNotChecked, a zero Decision, and

@@ -22,10 +22,13 @@
 // over: its ack policy must be explicit (AckAll would acknowledge a failed
 // message along with a later one, AckNone never redelivers: either loses
 // failed messages), and its MaxDeliver must be -1 (unlimited, the
-// advice) or above the inbox's MaxAttempts, so that the inbox, not the
-// server, decides when a message is poison; leave room above MaxAttempts
-// for the deliveries a stop or a crash costs (see ideminbox). Handle
-// refuses the messages of a consumer Check has not accepted.
+// advice) or at least the inbox's MinDeliveryLimit (MaxAttempts + 12 for
+// the deliveries that end a crash loop and those a consumer gives back
+// without running when it stops, crashes or misses AckWait while the
+// store is down), so that the inbox, not the server, decides what
+// becomes of every message: past MaxDeliver the server stops delivering
+// a message, which is then neither processed nor recorded as poison.
+// Handle refuses the messages of a consumer Check has not accepted.
 //
 // Consume pulls one message at a time, when it can process it, so that no
 // message waits in a client buffer while its AckWait runs out behind a

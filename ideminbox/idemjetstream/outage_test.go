@@ -15,20 +15,21 @@ import (
 )
 
 // The store goes down before messages arrive, for longer than several
-// AckWaits and for more checks than the consumer's MaxDeliver, which the
-// consumer accepts (above MaxAttempts). Consume holds the message in hand,
+// AckWaits and for more checks than the consumer's MaxDeliver (the least
+// Check accepts). Consume holds the message in hand,
 // reports it in progress and fetches nothing more until the store answers
 // again: every message then runs once, on its first delivery; the server
 // neither redelivered nor dropped any.
 func TestStoreOutageSpendsNoDelivery(t *testing.T) {
 	inboxtest.Outages(t, func(t *testing.T, o *inboxtest.Outage) {
 		const maxAttempts = 5
-		be := newBench(t, o.Backend, jetstream.ConsumerConfig{MaxDeliver: maxAttempts + 1, AckWait: time.Second})
+		const maxDeliver = maxAttempts + 2 + ideminbox.GivenBackMargin
+		be := newBench(t, o.Backend, jetstream.ConsumerConfig{MaxDeliver: maxDeliver, AckWait: time.Second})
 		ids := orderIDs(3)
 		o.Down()
 		be.start(func(c *ideminbox.Config) {
 			c.MaxAttempts = maxAttempts
-			c.StoreRetryInterval = 250 * time.Millisecond
+			c.StoreRetryInterval = 50 * time.Millisecond
 		}, nil, effect(o.Backend), nil)
 		for _, k := range ids {
 			be.publish(context.Background(), nats.Header{nats.MsgIdHdr: {k}}, k)
@@ -37,7 +38,7 @@ func TestStoreOutageSpendsNoDelivery(t *testing.T) {
 		// back would have spent a delivery: more than the server allows
 		// for all three messages.
 		eventually(t, "the store found down more often than MaxDeliver allows", func() bool {
-			return o.FailedClaims.Load() >= int64(len(ids)*(maxAttempts+1))
+			return o.FailedClaims.Load() >= int64(len(ids)*maxDeliver)
 		})
 		o.Up()
 		be.drained()

@@ -35,7 +35,7 @@ import (
 // short; the recorded run in docs/RELIABILITY.md uses 50.
 var iterations = flag.Int("crashtest.iterations", 3, "iterations per kill point per store")
 
-// The kill points of internal/demo/faults.go, in request order.
+// The kill points of cmd/idem/internal/demo/faultpoints.go, in request order.
 var points = []string{"after-claim", "after-write", "after-commit"}
 
 const (

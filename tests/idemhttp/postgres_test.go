@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -166,5 +167,35 @@ func TestPostgresHeartbeat(t *testing.T) {
 	}
 	if runs.Load() != 1 || len(e.items(t)) != 1 {
 		t.Fatalf("ran %d times, orders %q; want 1 and 1", runs.Load(), e.items(t))
+	}
+}
+
+// TestPostgresSuccessAfterAbort: a handler that swallows a failed SQL
+// statement and answers 201 gets a 500 problem instead: the 201 is not
+// sent, nothing is stored, and the retry runs the handler again.
+func TestPostgresSuccessAfterAbort(t *testing.T) {
+	e := newPGEnv(t)
+	runs := 0
+	h := e.handler(t, idem.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		pgInsert(t, r, "swallowed")
+		_, _ = idempg.TxFromContext(r.Context()).Exec(r.Context(), `INSERT INTO orders (item) VALUES (NULL)`) // error swallowed
+		w.WriteHeader(http.StatusCreated)
+	}))
+	for i := range 2 {
+		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", "swallowed")
+		req.Header.Set("Authorization", "Bearer acme")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusInternalServerError || !strings.HasPrefix(rec.Header().Get("Content-Type"), "application/problem+json") {
+			t.Fatalf("attempt %d: %d %q %s; want a 500 problem", i, rec.Code, rec.Header().Get("Content-Type"), rec.Body)
+		}
+	}
+	if runs != 2 {
+		t.Fatalf("the handler ran %d times, want 2", runs)
+	}
+	if items := e.items(t); len(items) != 0 {
+		t.Fatalf("orders %v committed, want none", items)
 	}
 }

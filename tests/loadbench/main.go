@@ -1,5 +1,5 @@
 // Command loadbench measures idem over loopback HTTP on PostgreSQL, the
-// loopback part of the benchmarks of issue 3 (docs/BENCHMARKS.md).
+// loopback part of docs/BENCHMARKS.md.
 //
 // It starts, in one process, an HTTP server on 127.0.0.1 whose routes
 // create an order in a fresh schema: (a) a bare handler, in its own

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The one-transaction claim is the design SPEC §3 does not take, measured
+// The one-transaction claim is the design idem does not take, measured
 // to know what it would buy: the claim is the first statement of the
 // business transaction, pipelined with its BEGIN, and the completion rides
 // with its COMMIT. There is no separate claim transaction, no commit of

@@ -19,7 +19,7 @@ import (
 
 // scenario is one of the measured loads.
 type scenario struct {
-	id     string // the letter of issue 3 (a, b, c, d), or b' and e
+	id     string // the letter in docs/BENCHMARKS.md (a, b, c, d), or b' and e
 	name   string
 	route  string
 	replay bool // every request reuses a completed key

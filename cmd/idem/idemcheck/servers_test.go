@@ -22,7 +22,7 @@ type order struct {
 	TotalCents int    `json:"total_cents"`
 }
 
-// orders is the seed's demo API without any idempotency: POST /orders
+// orders is the demo's orders API without any idempotency: POST /orders
 // creates an order, GET /orders?cart_id=… lists them.
 type orders struct {
 	mu   sync.Mutex
@@ -117,7 +117,7 @@ func (w *raceWindow) work(t testing.TB, key string) {
 	}
 }
 
-// naiveServer is the check-then-write race of the seed: it looks the key
+// naiveServer is the naive check-then-write race: it looks the key
 // up, then works a little, then writes. Duplicates arriving together all
 // find the key absent and all create an order.
 func naiveServer(t *testing.T) (*httptest.Server, *orders) {

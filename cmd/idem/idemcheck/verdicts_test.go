@@ -14,7 +14,7 @@ import (
 )
 
 // chargeServer answers {"status":"charged"}, with no id: executions cannot
-// be told apart by their bodies. It marks replays, and has the seed's
+// be told apart by their bodies. It marks replays, and has the naive
 // check-then-write race, so duplicates at one instant charge several
 // times.
 func chargeServer(t *testing.T) (*httptest.Server, *atomic.Int64) {

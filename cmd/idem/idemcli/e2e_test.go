@@ -155,10 +155,10 @@ func countOrders(db *sql.DB, cartID string) (int, error) {
 	return n, err
 }
 
-// TestServeArticleTest is the idempotency article's closing test against
+// TestServeDuplicatesAtOnce fires duplicates at once against
 // the real binary on a SQLite file: parallel POSTs with one key, released
 // together, then exactly one order for the cart.
-func TestServeArticleTest(t *testing.T) {
+func TestServeDuplicatesAtOnce(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
 	p := startServe(t, "idem serve", "--db", "sqlite:"+path)
 

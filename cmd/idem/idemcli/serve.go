@@ -75,7 +75,7 @@ type serveOpts struct {
 
 const serveHelp = `Usage: idem serve [flags]
 
-Runs the orders API of the idempotency article behind the idem middleware:
+Runs a demo orders API behind the idem middleware:
 
   POST /orders        {"cart_id":"c_42","total_cents":1900} -> 201 and the order
   GET  /orders?cart_id=c_42   that tenant's orders for the cart (JSON array)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,7 +23,8 @@ import (
 // hold plays an adapter that holds deliveries as Process asks: it
 // processes the same delivery again after a Hold (once the store answers,
 // or after the delay), and moves to the next delivery after a Nack. It
-// returns the decisions, "action@attempt", holds left out.
+// returns the decisions, "action@attempt", holds left out. It reports
+// only with t.Errorf, so goroutines may call it.
 func hold(t *testing.T, in *ideminbox.Inbox, msg ideminbox.Message, h ideminbox.HandlerFunc) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -32,7 +35,8 @@ func hold(t *testing.T, in *ideminbox.Inbox, msg ideminbox.Message, h ideminbox.
 		switch {
 		case d.AwaitsStore(err):
 			if err := in.AwaitStore(ctx); err != nil {
-				t.Fatalf("the store never answered again: %v", err)
+				t.Errorf("the store never answered again: %v", err)
+				return trace
 			}
 			continue
 		case d.Action == ideminbox.Hold:
@@ -46,8 +50,8 @@ func hold(t *testing.T, in *ideminbox.Inbox, msg ideminbox.Message, h ideminbox.
 		msg.Attempt++
 		time.Sleep(d.Delay)
 	}
-	t.Fatalf("message %s never settled: %v", msg.ID, trace)
-	return nil
+	t.Errorf("message %s never settled: %v", msg.ID, trace)
+	return trace
 }
 
 // An adapter that cannot hold gives every delivery Process answered Hold
@@ -138,6 +142,82 @@ func TestStoreDownUnderHandlerIsNotAnAttempt(t *testing.T) {
 		if o.Transactional {
 			if rows := o.Rows(t, inboxtest.Effects); !slices.Equal(rows, []string{"m"}) {
 				t.Fatalf("effects %v, want the last run's only", rows)
+			}
+		}
+	})
+}
+
+// The handler succeeds, and the store goes down before its outcome is
+// stored: the completion fails, and so does the release, so the key stays
+// held by a claim nobody will answer. The consumer stops before the store
+// comes back, giving the delivery back; the broker counts it. The next
+// delivery, to another consumer, comes past MaxAttempts (one real
+// failure, then the delivery whose outcome was lost) and finds the key
+// held: that is no crash of the handler's, and must not make the message
+// poison. It runs once more, as soon as the claim's lease ends, and is
+// processed: one effect on a store with transactions (the lost run's
+// writes were rolled back with its commit), and no dead letter.
+func TestLostOutcomeIsNotPoison(t *testing.T) {
+	inboxtest.Outages(t, func(t *testing.T, o *inboxtest.Outage) {
+		var dead []string
+		consumer := func() *ideminbox.Inbox {
+			engine, err := idem.NewEngine(o.NewStore(t), &idem.Config{Lease: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return newInbox(t, nil, func(c *ideminbox.Config) {
+				c.Store, c.Engine = nil, engine
+				c.MaxAttempts = 2
+				c.InFlightDelay = 50 * time.Millisecond
+				c.DeadLetterFunc = func(ctx context.Context, msg ideminbox.Message, cause error) error {
+					dead = append(dead, cause.Error())
+					return nil
+				}
+			})
+		}
+		runs := 0
+		h := func(ctx context.Context) error {
+			runs++
+			switch runs {
+			case 1:
+				return errors.New("the handler's own failure")
+			case 2:
+				if err := o.Insert(ctx, inboxtest.Effects, "m", "run 2"); err != nil {
+					return err
+				}
+				o.Down()
+				return nil
+			}
+			return o.Insert(ctx, inboxtest.Effects, "m", fmt.Sprint("run ", runs))
+		}
+		ctx := context.Background()
+		first := consumer()
+		msg := ideminbox.Message{ID: "m", Attempt: 1, Data: []byte("payload")}
+		if d, err := first.Process(ctx, msg, h); d.Action != ideminbox.Nack || err == nil {
+			t.Fatalf("delivery 1: %+v, %v; want nack", d, err)
+		}
+		msg.Attempt = 2
+		if d, err := first.Process(ctx, msg, h); !d.AwaitsStore(err) || runs != 2 {
+			t.Fatalf("delivery 2, the outcome lost: %+v, %v after %d runs; want hold until the store answers", d, err, runs)
+		}
+		// The first consumer stops here, and its delivery goes back.
+		o.Up()
+		if st, err := first.Status(ctx, "m"); err != nil || st.State != ideminbox.StateInFlight {
+			t.Fatalf("status once the store is back: %+v, %v; want in flight (neither completed nor released)", st, err)
+		}
+
+		msg.Attempt = 3
+		trace := hold(t, consumer(), msg, h)
+		if !slices.Equal(trace, []string{"ack@3"}) || runs != 3 || len(dead) != 0 {
+			t.Fatalf("delivery 3, to another consumer: decisions %v after %d runs, dead letters %q; want [ack@3] after a third run, none dead-lettered",
+				trace, runs, dead)
+		}
+		if st, err := first.Status(ctx, "m"); err != nil || st.State != ideminbox.StateProcessed {
+			t.Fatalf("status %+v, %v; want processed", st, err)
+		}
+		if o.Transactional {
+			if rows := o.Rows(t, inboxtest.Effects); !slices.Equal(rows, []string{"m"}) {
+				t.Fatalf("effects %v, want the third run's only", rows)
 			}
 		}
 	})
@@ -250,45 +330,88 @@ func TestNonTransactionalCancelledIsStored(t *testing.T) {
 }
 
 // A delivery past MaxAttempts whose key is still held by a claim nobody
-// will complete (the consumer that took it stopped while the handler ran,
-// as a message that kills its consumer does) is held until that claim's
-// lease ends, then recorded as poison without running again. A delivery
-// past MaxAttempts whose key is free (the earlier ones were given back
-// before they ran) runs once more.
+// will complete (its consumer stopped while the handler ran, as a message
+// that kills its consumer does) grants the message a last run: it is held
+// until that claim's lease ends, then runs. That last run stalls here
+// (its lease runs out, no heartbeat), as a consumer killed by the message
+// again would leave it; the next delivery finds the key held by the last
+// run's claim, not the one it was granted over, and records the message
+// as poison without running it, once that lease has ended. The stalled
+// run's completion is then refused, and its delivery acknowledged as a
+// duplicate. A delivery past MaxAttempts whose key is free (the earlier
+// ones were given back before they ran) runs once more.
 func TestUnansweredPastMaxAttempts(t *testing.T) {
 	inboxtest.ForEach(t, func(t *testing.T, b *inboxtest.Backend) {
-		store := b.NewStore(t)
+		var mu sync.Mutex
 		var dead []string
-		in := newInbox(t, store, func(c *ideminbox.Config) {
-			c.MaxAttempts = 3
-			c.InFlightDelay = 20 * time.Millisecond
-			c.DeadLetterFunc = func(ctx context.Context, msg ideminbox.Message, cause error) error {
-				dead = append(dead, msg.ID)
-				return b.Insert(ctx, inboxtest.DeadLetters, msg.ID, cause.Error())
+		consumer := func() (idem.Store, *ideminbox.Inbox) {
+			store := b.NewStore(t)
+			engine, err := idem.NewEngine(store, &idem.Config{Lease: 300 * time.Millisecond, Heartbeat: -1})
+			if err != nil {
+				t.Fatal(err)
 			}
-		})
+			return store, newInbox(t, nil, func(c *ideminbox.Config) {
+				c.Store, c.Engine = nil, engine
+				c.MaxAttempts = 3
+				c.InFlightDelay = 20 * time.Millisecond
+				c.DeadLetterFunc = func(ctx context.Context, msg ideminbox.Message, cause error) error {
+					mu.Lock()
+					dead = append(dead, msg.ID)
+					mu.Unlock()
+					return b.Insert(ctx, inboxtest.DeadLetters, msg.ID, cause.Error())
+				}
+			})
+		}
+		store, first := consumer()
+		_, second := consumer()
 		ctx := context.Background()
 		// What a consumer that died while running m leaves behind.
 		claim, err := store.Claim(ctx, idem.ClaimParams{
-			Tenant: ideminbox.Tenant("orders"), Key: "m", Token: 42, Lease: 500 * time.Millisecond, Retention: time.Hour,
+			Tenant: ideminbox.Tenant("orders"), Key: "m", Token: 42, Lease: 300 * time.Millisecond, Retention: time.Hour,
 		})
 		if err != nil || !claim.Won {
 			t.Fatalf("claim: %+v, %v", claim, err)
 		}
-		runs := 0
-		h := func(ctx context.Context) error { runs++; return nil }
-		trace := hold(t, in, ideminbox.Message{ID: "m", Attempt: 4, Data: []byte("payload")}, h)
-		if !slices.Equal(trace, []string{"ack-poison@4"}) || runs != 0 || !slices.Equal(dead, []string{"m"}) {
-			t.Fatalf("decisions %v, %d runs, dead letters %v; want [ack-poison@4], no run, m dead-lettered", trace, runs, dead)
+		var runs atomic.Int32
+		entered, stalled := make(chan struct{}), make(chan struct{})
+		lastRun := make(chan []string)
+		go func() {
+			lastRun <- hold(t, first, ideminbox.Message{ID: "m", Attempt: 4, Data: []byte("payload")}, func(ctx context.Context) error {
+				if runs.Add(1) == 1 {
+					close(entered)
+					<-stalled
+				}
+				return nil
+			})
+		}()
+		select {
+		case <-entered:
+		case trace := <-lastRun:
+			t.Fatalf("delivery 4, past MaxAttempts: decisions %v, the handler never ran; want a last run", trace)
 		}
-		st, err := in.Status(ctx, "m")
-		if err != nil || st.State != ideminbox.StatePoison || st.Error != ideminbox.ErrUnanswered.Error() || st.Attempt != 4 || string(st.Data) != "payload" {
+		trace := hold(t, second, ideminbox.Message{ID: "m", Attempt: 5, Data: []byte("payload")}, func(ctx context.Context) error {
+			runs.Add(1)
+			return nil
+		})
+		close(stalled)
+		if !slices.Equal(trace, []string{"ack-poison@5"}) || runs.Load() != 1 || !slices.Equal(dead, []string{"m"}) {
+			t.Fatalf("delivery 5, the last run stalled: decisions %v, %d runs, dead letters %v; want [ack-poison@5], the last run only, m dead-lettered",
+				trace, runs.Load(), dead)
+		}
+		if trace := <-lastRun; !slices.Equal(trace, []string{"ack-duplicate@4"}) {
+			t.Fatalf("delivery 4, whose last run stalled: decisions %v, want [ack-duplicate@4]", trace)
+		}
+		st, err := first.Status(ctx, "m")
+		if err != nil || st.State != ideminbox.StatePoison || st.Error != ideminbox.ErrUnanswered.Error() || st.Attempt != 5 || string(st.Data) != "payload" {
 			t.Fatalf("status %+v, %v", st, err)
 		}
+		if rows := b.Rows(t, inboxtest.DeadLetters); !slices.Equal(rows, []string{"m"}) {
+			t.Fatalf("dead letters %v, want m once", rows)
+		}
 
-		trace = hold(t, in, ideminbox.Message{ID: "n", Attempt: 4}, h)
-		if !slices.Equal(trace, []string{"ack@4"}) || runs != 1 {
-			t.Fatalf("past MaxAttempts, key free: decisions %v, %d runs; want [ack@4] after one run", trace, runs)
+		trace = hold(t, first, ideminbox.Message{ID: "n", Attempt: 4}, func(ctx context.Context) error { runs.Add(1); return nil })
+		if !slices.Equal(trace, []string{"ack@4"}) || runs.Load() != 2 {
+			t.Fatalf("past MaxAttempts, key free: decisions %v, %d runs; want [ack@4] after one more run", trace, runs.Load())
 		}
 	})
 }

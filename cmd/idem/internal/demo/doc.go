@@ -1,5 +1,5 @@
-// Package demo is the orders API that `idem serve` runs: the service of
-// the idempotency article (POST /orders, GET /orders, GET /orders/{id}),
+// Package demo is the orders API that `idem serve` runs: a small orders
+// service (POST /orders, GET /orders, GET /orders/{id}),
 // wired to idem as an application would be. Authentication sits in front
 // of the idempotency layer; idemhttp is mounted on the one route it
 // protects, after routing, so that routing answers (404, 405, redirects)

@@ -160,7 +160,7 @@ func (a *App) get(w http.ResponseWriter, r *http.Request) {
 
 // internalError logs err and answers 500. Under the idempotency layer a
 // 500 rolls the transaction back (the order included) and is stored for
-// replay, as the idempotency article and Stripe do.
+// replay, as Stripe does.
 func (a *App) internalError(w http.ResponseWriter, r *http.Request, op string, err error) {
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return // the client is gone and the layer rolls back; no one reads this

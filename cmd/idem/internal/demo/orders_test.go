@@ -26,7 +26,7 @@ func TestOrdersOnEachDatabase(t *testing.T) {
 			s := start(t, kind.open(t), nil)
 			url := s.url + "/orders"
 
-			// The article's test, 20 duplicates at once.
+			// 20 duplicates at once: exactly one effect.
 			reqs := make([]Req, 20)
 			for i := range reqs {
 				reqs[i] = Req{Method: "POST", URL: url, Body: GoodOrder, Key: "seed-key"}

@@ -1,7 +1,7 @@
 // Package demotest drives the demo orders API (internal/demo) in tests,
 // in-process or in an `idem serve` process: requests sent one by one or
-// duplicates released at the same instant, and the checks of the article's
-// test (exactly one effect).
+// duplicates released at the same instant, and the checks that they had
+// exactly one effect.
 package demotest
 
 import (

@@ -1,0 +1,19 @@
+-- idem: recovery points. idem.Step records each step of an operation (a
+-- card charged, an e-mail sent) here, with its result, as it completes, so
+-- that an execution taking over a key whose holder died gets the results
+-- back instead of doing the steps again.
+--
+-- The column holds the steps in idem's canonical encoding (for each step,
+-- its name and its value, each a uvarint length and its bytes), which
+-- concatenates: idempg appends a step with `steps || $step`, without
+-- reading it first. NULL means no step recorded. A claim that takes over an
+-- in-flight record keeps it; a claim over a record past retention clears
+-- it; a release keeps a record that holds steps in flight, its lease ended,
+-- instead of deleting it.
+--
+-- A nullable column without a default is added by changing the catalog
+-- only, without rewriting the table. The table's lock is held for that
+-- instant, but it is queued behind the transactions using idem_keys at the
+-- time, and claims queue behind it: run it when no long transaction holds
+-- the table.
+ALTER TABLE idem_keys ADD COLUMN IF NOT EXISTS steps bytea;
