@@ -5,7 +5,10 @@
 // business write made elsewhere is not committed together with it. It
 // keeps recovery points (idem.Step) as an idem.StepStore. Records live in
 // the process and are gone when it exits, recovery points with them. Use idemsql or idempg
-// when the result must commit with a business write.
+// when the result must commit with a business write. It is an
+// idem.Watcher: duplicates that wait for an execution in flight
+// (idem.Operation.WaitInFlight) are woken by its completion, its release,
+// a takeover or the end of its lease.
 package idemmem
 
 import (
