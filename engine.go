@@ -131,7 +131,8 @@ func (e *Engine) Store() Store { return e.store }
 // Config returns the engine's configuration with defaults filled in.
 func (e *Engine) Config() Config { return e.config }
 
-// Close stops the engine: Do refuses new executions with ErrClosed, Close
+// Close stops the engine: Do refuses new executions with ErrClosed (and
+// the duplicates waiting for an execution in flight stop with it), Close
 // waits for the running ones to return, then stops the heartbeat and
 // sends at once the releases still scheduled for failed claims, and waits
 // for them. It returns ctx's error if ctx ends first; the engine is then
@@ -143,6 +144,7 @@ func (e *Engine) Config() Config { return e.config }
 // once.
 func (e *Engine) Close(ctx context.Context) error {
 	e.closed.Store(true)
+	e.waits.close()
 	var err error
 	for err == nil && e.running.Load() > 0 {
 		select {

@@ -63,6 +63,9 @@ func (e *Engine) waitInFlight(ctx context.Context, op Operation, fn func(ctx con
 		}
 		// Released, gone, past its lease or taken over: claim again, as a
 		// retry would, and run if the claim is won.
+		if e.closed.Load() {
+			return Outcome{}, ErrClosed
+		}
 		token := newToken()
 		claim, err := e.store.Claim(ctx, e.claimParams(op, token))
 		if err != nil {
@@ -121,6 +124,24 @@ type waitRoom struct {
 	// first and most replace waitPollFirst and waitPollMax when set, for
 	// the tests.
 	first, most time.Duration
+	// closing is closed by Engine.Close: the waiters stop. Guarded by mu,
+	// made at the first wait or at Close.
+	closing chan struct{}
+	closed  bool
+}
+
+// close stops every waiter, now and to come.
+func (w *waitRoom) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
+	}
+	w.closed = true
+	if w.closing == nil {
+		w.closing = make(chan struct{})
+	}
+	close(w.closing)
 }
 
 type waitKey struct{ tenant, key string }
@@ -139,8 +160,8 @@ type keyWait struct {
 
 // await waits as one waiter of op's key until the poller publishes news
 // of the record, and returns it (nil when there is no record). It returns
-// ctx's or op.WaitContext's error when one of them ends first, and
-// ErrInFlight at the deadline.
+// ctx's or op.WaitContext's error when one of them ends first, ErrInFlight
+// at the deadline, and ErrClosed once the engine is closed.
 func (w *waitRoom) await(e *Engine, ctx context.Context, op Operation, deadline <-chan time.Time) (*Record, error) {
 	k := waitKey{op.Tenant, op.Key}
 	w.mu.Lock()
@@ -157,6 +178,10 @@ func (w *waitRoom) await(e *Engine, ctx context.Context, op Operation, deadline 
 	}
 	kw.waiters++
 	seen := kw.seen
+	if w.closing == nil {
+		w.closing = make(chan struct{})
+	}
+	closing := w.closing
 	w.mu.Unlock()
 	defer w.leave(k, kw)
 
@@ -176,6 +201,8 @@ func (w *waitRoom) await(e *Engine, ctx context.Context, op Operation, deadline 
 		return nil, op.WaitContext.Err()
 	case <-deadline:
 		return nil, ErrInFlight
+	case <-closing:
+		return nil, ErrClosed
 	}
 }
 

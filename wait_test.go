@@ -240,3 +240,32 @@ func checkOutcome(t *testing.T, got, want idem.Result) {
 		}
 	}
 }
+
+// Close stops the waiting duplicates at once: they are no executions to
+// wait for.
+func TestWaitStopsAtClose(t *testing.T) {
+	store := idemmem.NewStore(nil)
+	e := newEngine(t, store, nil)
+	op := idem.Operation{Tenant: "t", Key: "k", Fingerprint: []byte("fp"), WaitInFlight: time.Hour}
+	release := hold(t, e, op, idem.Result{Status: 201})
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.Do(context.Background(), op, nil)
+		done <- err
+	}()
+	waitFor(t, "the duplicate to wait", func() bool { return idem.WaitWaiters(e, "t", "k") == 1 })
+	closed := make(chan error, 1)
+	go func() { closed <- e.Close(context.Background()) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, idem.ErrClosed) {
+			t.Errorf("waiting duplicate at Close = %v, want idem.ErrClosed", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a duplicate still waits after Close")
+	}
+	release()
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}
