@@ -28,6 +28,25 @@
 // old execution, should it wake up, cannot complete, because completion
 // requires its token.
 //
+// # Waiting for the first execution
+//
+// A duplicate that arrives while the first execution of its operation
+// runs gets ErrInFlight (HTTP 409), and retries later. With
+// Operation.WaitInFlight it waits up to that long instead, and gets what
+// a retry would get when the first execution ends: its answer replayed,
+// or, when it failed and released the key (or its lease ended), a claim of
+// its own, which one waiter wins and runs while the others wait for it in
+// turn. Still in flight at the deadline, it gets ErrInFlight. A waiter
+// whose ctx (or Operation.WaitContext) ends stops at once.
+//
+// The waiters of one key in one engine share one poller, which reads the
+// record after 10ms, then at a pause that doubles up to 250ms: a thousand
+// waiters cost what one does. A store that implements Watcher wakes the
+// poller as soon as the record changes (idempg with LISTEN/NOTIFY, across
+// processes; idemredis with pub/sub; idemmem and idemsql within the
+// process); the polling goes on behind it, so that a lost notification
+// costs a waiter a quarter of a second, not its whole wait.
+//
 // # Retention
 //
 // A completed record is replayed for Config.Retention; past it the key

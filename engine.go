@@ -105,6 +105,7 @@ type Engine struct {
 	storeTracer StoreTracer // the tracer, when it observes store calls
 	leaseTracer LeaseTracer // the tracer, when it observes lease events
 
+	waits   waitRoom      // duplicates waiting for an execution in flight
 	running atomic.Int64  // executions inside Do
 	closed  atomic.Bool   // Close was called
 	idle    chan struct{} // signalled when running drops to zero after Close
@@ -146,7 +147,8 @@ func (e *Engine) Store() Store { return e.store }
 // Config returns the engine's configuration with defaults filled in.
 func (e *Engine) Config() Config { return e.config }
 
-// Close stops the engine: Do refuses new executions with ErrClosed, Close
+// Close stops the engine: Do refuses new executions with ErrClosed (and
+// the duplicates waiting for an execution in flight stop with it), Close
 // waits for the running ones to return, then stops the heartbeat and
 // sends at once the releases still scheduled for failed claims, and waits
 // for them. It returns ctx's error if ctx ends first; the engine is then
@@ -158,6 +160,7 @@ func (e *Engine) Config() Config { return e.config }
 // once.
 func (e *Engine) Close(ctx context.Context) error {
 	e.closed.Store(true)
+	e.waits.close()
 	var err error
 	for err == nil && e.running.Load() > 0 {
 		select {
@@ -206,6 +209,16 @@ type Operation struct {
 	// idemhttp's request fingerprint). A retry with another fingerprint is
 	// refused with ErrFingerprintMismatch.
 	Fingerprint []byte
+	// WaitInFlight is how long a duplicate that meets an execution of the
+	// same operation in flight waits for its answer, instead of getting
+	// ErrInFlight at once. See "Waiting for the first execution" in the
+	// package documentation. Zero does not wait.
+	WaitInFlight time.Duration
+	// WaitContext, when set, ends the wait as Do's ctx does: a front end
+	// that runs the function on a context its caller's going away does not
+	// cancel (idemhttp) passes the caller's own here, so that a caller who
+	// left stops waiting. Nil: only Do's ctx ends the wait.
+	WaitContext context.Context
 }
 
 // Outcome is the answer of Engine.Do.
@@ -227,7 +240,9 @@ type Outcome struct {
 //     the stored result with Replayed set, without running fn;
 //   - if it completed or is in flight with another fingerprint, returns
 //     ErrFingerprintMismatch;
-//   - if another execution holds a valid lease, returns ErrInFlight;
+//   - if another execution holds a valid lease, returns ErrInFlight, or
+//     with op.WaitInFlight waits for it and answers as if called again
+//     when it ends;
 //   - otherwise runs fn with a context carrying the execution
 //     (ExecutionFromContext) and the store's transaction
 //     (idemsql.TxFromContext, idempg.TxFromContext), and completes the
@@ -262,16 +277,7 @@ func (e *Engine) do(ctx context.Context, op Operation, fn func(ctx context.Conte
 	}
 	defer e.exit()
 	token := newToken()
-	claim, err := e.claim(ctx, ClaimParams{
-		Tenant:      op.Tenant,
-		Key:         op.Key,
-		Fingerprint: op.Fingerprint,
-		Token:       token,
-		Lease:       e.config.Lease,
-		// Never shorter than the lease: a record past retention counts
-		// as absent, so a retry would take over a key still held.
-		Retention: max(e.config.Retention, e.config.Lease),
-	})
+	claim, err := e.claim(ctx, e.claimParams(op, token))
 	if err != nil {
 		if !errors.Is(err, ErrNotApplied) {
 			e.late.start(ctx, ReleaseParams{Tenant: op.Tenant, Key: op.Key, Token: token})
@@ -279,6 +285,9 @@ func (e *Engine) do(ctx context.Context, op Operation, fn func(ctx context.Conte
 		return Outcome{}, storeError("claim", err)
 	}
 	if !claim.Won {
+		if op.WaitInFlight > 0 && waitable(claim.Record, op.Fingerprint) {
+			return e.waitInFlight(ctx, op, fn, t)
+		}
 		if t != nil && claim.Record != nil {
 			t.completedAt = claim.Record.CompletedAt
 		}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/idem-go/idem"
 )
@@ -231,6 +232,21 @@ type Config struct {
 	// over once its lease has run out).
 	ShutdownContext context.Context
 
+	// WaitInFlight is how long a request whose key is in flight, for the
+	// same request, waits for that execution's answer before it gets 409:
+	// when the execution completes, the waiting request gets its answer
+	// replayed (Idempotent-Replayed: true); when it fails and releases the
+	// key, the waiting request is answered as a retry would be then (one
+	// of the waiting requests runs, the others wait for it in turn). A
+	// waiting request whose client goes away stops waiting. The store
+	// wakes the waiters when it can (idem.Watcher: idempg across
+	// processes, idemmem, idemsql within the process); otherwise, and
+	// behind it, the engine reads the record a few times a second, once
+	// for every waiter of a key. Defaults to 0: 409 at once. Keep it under
+	// the timeouts of the server (http.Server.WriteTimeout) and of the
+	// clients.
+	WaitInFlight time.Duration
+
 	// Mode says what is stored. Defaults to idem.ModeResponse. In
 	// idem.ModeReference a 2xx or 3xx response stores only its status and
 	// the reference the handler gave to SetReference; in idem.ModeMarker
@@ -293,6 +309,9 @@ func (c *Config) validate() error {
 	// a natural "no limit", must not overflow there.
 	c.MaxRequestBody = min(c.MaxRequestBody, math.MaxInt64-1)
 	c.MaxResponseBody = min(c.MaxResponseBody, math.MaxInt64-1)
+	if c.WaitInFlight < 0 {
+		return fmt.Errorf("idemhttp: Config.WaitInFlight must not be negative, got %s", c.WaitInFlight)
+	}
 	if c.UnstoredStatuses == nil {
 		c.UnstoredStatuses = DefaultUnstoredStatuses
 	}

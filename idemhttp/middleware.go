@@ -181,9 +181,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	op := idem.Operation{
-		Tenant:      tenant,
-		Key:         key,
-		Fingerprint: fingerprint(x.fp[:0], r, buf, m.config.FingerprintHeaders, !m.config.IgnoreMediaType),
+		Tenant:       tenant,
+		Key:          key,
+		Fingerprint:  fingerprint(x.fp[:0], r, buf, m.config.FingerprintHeaders, !m.config.IgnoreMediaType),
+		WaitInFlight: m.config.WaitInFlight,
+		// A waiting request stops when its client goes away, whatever
+		// CancelOnDisconnect says: it has run nothing.
+		WaitContext: r.Context(),
 	}
 	x.ctx = r.Context()
 	if t != nil {
@@ -622,6 +626,10 @@ func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) (idem
 		if x.ran {
 			return idem.RequestCancelled, writeProblem(w, p.requestCancelledRan)
 		}
+		return idem.RequestCancelled, writeProblem(w, p.requestCancelled)
+	case !x.ran && x.r.Context().Err() != nil && errors.Is(err, x.r.Context().Err()):
+		// A request that waited for the execution in flight, and whose
+		// client went away meanwhile.
 		return idem.RequestCancelled, writeProblem(w, p.requestCancelled)
 	case errors.Is(err, idem.ErrStore):
 		log.WarnContext(ctx, "idemhttp: store failed; request not completed",

@@ -5,7 +5,10 @@
 // business write made elsewhere is not committed together with it. It
 // keeps recovery points (idem.Step) as an idem.StepStore. Records live in
 // the process and are gone when it exits, recovery points with them. Use idemsql or idempg
-// when the result must commit with a business write.
+// when the result must commit with a business write. It is an
+// idem.Watcher: duplicates that wait for an execution in flight
+// (idem.Operation.WaitInFlight) are woken by its completion, its release,
+// a takeover or the end of its lease.
 package idemmem
 
 import (
@@ -38,6 +41,8 @@ type Store struct {
 
 type shard struct {
 	mu sync.Mutex
+	// watches are the Watch subscriptions, by the record they watch.
+	watches map[*entry]*watch
 	// records is keyed by the 64-bit hash of (tenant, key) rather than by
 	// the pair itself: smaller slots make the map cheaper to grow and to
 	// scan, and the hash is computed once for the shard anyway. Records
@@ -76,6 +81,10 @@ type entry struct {
 	mode      idem.StorageMode
 	complete  bool
 	hasHeader bool // the header was not nil (an empty one is kept as empty)
+	// watched says shard.watches holds subscriptions to this record: a
+	// flag in the entry's padding rather than a pointer, which would
+	// make every entry a size class larger.
+	watched bool
 
 	// steps are the recovery points (idem.StepStore), in the encoding of
 	// idem.MarshalSteps: a byte slice without pointers, appended to in
@@ -159,6 +168,7 @@ func (e *entry) find(tenant, key string) *entry {
 
 // remove unfiles e, which is filed under h.
 func (sh *shard) remove(h uint64, e *entry) {
+	sh.changed(e)
 	if head := unlink(sh.records[h], e); head != nil {
 		sh.records[h] = head
 	} else {
@@ -228,6 +238,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	// one map write, the map read above being enough.
 	if old != nil {
 		head = unlink(head, old)
+		sh.changed(old)
 	}
 	e.next = head
 	sh.records[h] = e
@@ -255,6 +266,7 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 	err := s.held(p.Tenant, p.Key, p.Token, func(sh *shard, h uint64, e *entry, now time.Time) {
 		if len(e.steps) > 0 {
 			e.lockedUntil = min(e.lockedUntil, e.since(now))
+			sh.changed(e)
 			return
 		}
 		sh.remove(h, e)
@@ -399,6 +411,7 @@ func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 		copy(data[copy(data, header):], res.Body)
 	}
 	return t.s.held(p.Tenant, p.Key, p.Token, func(sh *shard, h uint64, e *entry, now time.Time) {
+		sh.changed(e)
 		e.complete = true
 		e.completedAt = e.since(now)
 		e.mode = res.Mode

@@ -3,12 +3,14 @@ package idempg
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -23,7 +25,11 @@ import (
 //     WAL record) even when its WHERE refuses the update;
 //   - twotrip: the completion and the COMMIT are two round trips;
 //   - eagerbegin: Begin takes a connection and sends BEGIN, in a round
-//     trip of its own, before the handler runs.
+//     trip of its own, before the handler runs;
+//   - nowaiters: the schema without migration 0004 (the waiters column and
+//     the idem_complete that notifies the waiters it marks), what a
+//     completion cost before the wait mode, which must keep the fast path
+//     as it was.
 //
 // Every variant, and the baselines, send one statement per claim
 // (ClaimBatchSize 1), since the claim variants edit that statement; the
@@ -91,6 +97,18 @@ func lockReplay(s *Store) {
 func batched(s *Store) {
 	s.batcher = must(NewStore(s.pool, nil)).batcher
 	s.batcher.store = s
+}
+
+// noWaiters undoes migration 0004: idem_complete as 0002 made it, no
+// waiters column.
+func noWaiters(s *Store) {
+	complete, err := fs.ReadFile(idemmigrate.Files(idemmigrate.Postgres), "0002_idem_complete.sql")
+	if err == nil {
+		_, err = s.pool.Exec(context.Background(), string(complete)+`; ALTER TABLE idem_keys DROP COLUMN waiters`)
+	}
+	if err != nil {
+		panic(fmt.Sprintf("noWaiters: %v; update the variant", err))
+	}
 }
 
 func twoTrip(s *Store) idem.Store { return twoTripStore{s} }
@@ -184,6 +202,9 @@ func BenchmarkVariantFreshTwoTrip(b *testing.B) {
 }
 func BenchmarkVariantFreshEagerBegin(b *testing.B) {
 	benchEngine(b, variantEngine(b, nil, eagerBegin), false)
+}
+func BenchmarkVariantFreshNoWaiters(b *testing.B) {
+	benchEngine(b, variantEngine(b, noWaiters, nil), false)
 }
 func BenchmarkVariantFreshBatched(b *testing.B) {
 	benchEngine(b, variantEngine(b, batched, nil), false)

@@ -88,11 +88,26 @@
 //
 // Migrate applies idemmigrate's PostgreSQL files to the schema the pool's
 // connections use (their search_path): the idem_keys table (0001), the
-// idem_complete function (0002) and the steps column of recovery points
-// (0003). Teams with their own migration tool apply
+// idem_complete function (0002), the steps column of recovery points
+// (0003) and the waiters flag with the completion that tells waiters
+// (0004). Teams with their own migration tool apply
 // idemmigrate.Files(idemmigrate.Postgres) instead. A database migrated by
 // an earlier release moves forward with Migrate, which applies only the
 // files it has not applied yet.
+//
+// # Duplicates that wait
+//
+// With idem.Operation.WaitInFlight (idemhttp.Config.WaitInFlight), a
+// duplicate that meets its operation in flight waits for its answer. The
+// Store is an idem.Watcher: the engine's poller subscribes through Watch,
+// which listens on one connection per Store (taken from the pool at the
+// first Watch and given back a few seconds after the last; one more
+// connection than the pool's while it is open), shared by every waiter of
+// every key, and marks the record waited on. The completion and the
+// release of a marked record notify it, from any process; records nobody
+// waits for never call pg_notify, whose commit queues on a lock shared by
+// the whole server. The end of a lease and a takeover notify nothing: the
+// engine's polling finds them within a quarter of a second.
 //
 // # Your own transaction
 //

@@ -45,10 +45,18 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 
 // releaseSQL deletes the released record or ends its lease, whichever its
 // recovery points call for; the two conditions exclude each other, so one
-// row is never touched twice by the statement.
+// row is never touched twice by the statement. When duplicates wait for
+// the record (Watch set its waiters flag), it tells them, as idem_complete
+// does (migration 0004); a record nobody waits for calls no pg_notify.
 const releaseSQL = `WITH gone AS (
 	DELETE FROM idem_keys
 	WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'in_flight' AND steps IS NULL
+	RETURNING waiters
+), ended AS (
+	UPDATE idem_keys SET locked_until = now()
+	WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'in_flight' AND steps IS NOT NULL
+	RETURNING waiters
 )
-UPDATE idem_keys SET locked_until = now()
-WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'in_flight' AND steps IS NOT NULL`
+SELECT pg_notify('idem_keys_' || 'idem_keys'::regclass::oid::text, md5($1) || $2)
+FROM (SELECT waiters FROM gone UNION ALL SELECT waiters FROM ended) AS changed
+WHERE waiters`

@@ -2,6 +2,7 @@ package idempg_test
 
 import (
 	"context"
+	"io/fs"
 	"slices"
 	"testing"
 	"time"
@@ -13,16 +14,22 @@ import (
 )
 
 // A database migrated by an earlier release (0001 and 0002, no steps
-// column) and holding records moves forward with Migrate: the steps
-// migration is pending, then applied once, and the records written before
-// it are claimed, taken over and given steps like any other.
+// column, no waiters) and holding records moves forward with Migrate: the
+// steps and waiters migrations are pending, then applied once, and the
+// records written before them are claimed, taken over, given steps and
+// waited on like any other.
 func TestMigrateAddsStepsToEarlierSchema(t *testing.T) {
 	e := newEnv(t, 2)
 	ctx := context.Background()
 	db := stdlib.OpenDBFromPool(e.pool)
 	defer db.Close()
 	// Back to the schema of the earlier release.
-	if _, err := e.pool.Exec(ctx, `ALTER TABLE idem_keys DROP COLUMN steps;
+	complete, err := fs.ReadFile(idemmigrate.Files(idemmigrate.Postgres), "0002_idem_complete.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, string(complete)+`; ALTER TABLE idem_keys DROP COLUMN steps;
+		ALTER TABLE idem_keys DROP COLUMN waiters;
 		DELETE FROM idem_schema_migrations WHERE version >= 3`); err != nil {
 		t.Fatal(err)
 	}
@@ -31,8 +38,8 @@ func TestMigrateAddsStepsToEarlierSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	pending, err := idemmigrate.Pending(ctx, db, idemmigrate.Postgres)
-	if err != nil || !slices.Equal(pending, []string{"0003_idem_steps"}) {
-		t.Fatalf("pending on the earlier schema: %v, %v; want 0003_idem_steps", pending, err)
+	if err != nil || !slices.Equal(pending, []string{"0003_idem_steps", "0004_idem_waiters"}) {
+		t.Fatalf("pending on the earlier schema: %v, %v; want 0003_idem_steps, 0004_idem_waiters", pending, err)
 	}
 	if err := idempg.Migrate(ctx, e.pool); err != nil {
 		t.Fatal(err)
@@ -48,4 +55,8 @@ func TestMigrateAddsStepsToEarlierSchema(t *testing.T) {
 	if rec, err := e.store.Get(ctx, "t", "old"); err != nil || stepsText(rec.Steps) != `charge="ch_1";` {
 		t.Fatalf("record: %+v, %v", rec, err)
 	}
+	changed, stop := watch(t, e.other, "t", "old")
+	defer stop()
+	completeIn(t, e.store, idem.ClaimParams{Tenant: "t", Key: "old", Token: 8})
+	mustClose(t, changed, "completion of a record written before the migration")
 }

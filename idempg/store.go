@@ -21,6 +21,8 @@ type Store struct {
 	claimQuery string
 	// batcher runs claims in batches; nil when Config.ClaimBatchSize is 1.
 	batcher *claimBatcher
+	// listen is the LISTEN connection of Watch and its subscribers.
+	listen *listener
 }
 
 // DefaultClaimBatchSize is Config.ClaimBatchSize when it is left zero.
@@ -83,6 +85,7 @@ func NewStore(pool *pgxpool.Pool, config *Config) (*Store, error) {
 		return nil, fmt.Errorf("idempg: Config.ClaimBatchSize (%d) and Config.ClaimConcurrency (%d) must not be negative", cfg.ClaimBatchSize, cfg.ClaimConcurrency)
 	}
 	s := &Store{pool: pool, claimQuery: claimSQL}
+	s.listen = &listener{store: s}
 	size := DefaultClaimBatchSize
 	if cfg.ClaimBatchSize > 0 {
 		size = cfg.ClaimBatchSize

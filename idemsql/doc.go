@@ -19,6 +19,17 @@
 //	…
 //	engine, err := idem.NewEngine(store, nil)
 //
+// # Duplicates that wait
+//
+// With idem.Operation.WaitInFlight (idemhttp.Config.WaitInFlight), a
+// duplicate that meets its operation in flight waits for its answer. The
+// Store is an idem.Watcher within its process: a completion or a release
+// committed through it wakes its waiters at once. A change made by
+// another process (several servers on one MySQL database) is found by the
+// engine's polling, a few times a second whatever the number of waiters;
+// on SQLite, written by one process, that is rarely needed. Over
+// PostgreSQL, idempg wakes waiters across processes.
+//
 // # The handler's transaction
 //
 // Engine.Do runs the handler with a context from which TxFromContext

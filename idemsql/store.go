@@ -52,6 +52,9 @@ type Store struct {
 	// lock wait timeout (innodb_rollback_on_timeout), read once: 0
 	// unknown, 1 no, 2 yes.
 	rollbackOnTimeout atomic.Int32
+
+	// watch holds the subscriptions of Watch.
+	watch watchers
 }
 
 // lease names one execution's hold on a key.
@@ -532,6 +535,7 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 	if err != nil {
 		return fmt.Errorf("idemsql: release: %w", err)
 	}
+	s.changed(p.Tenant, p.Key)
 	return nil
 }
 

@@ -280,7 +280,12 @@ func (s *Store) rollsBackOnTimeout(ctx context.Context, conn *sql.Conn) bool {
 // be false: Complete then returns idem.ErrWritesAborted. A transaction the database ended under the handler
 // (unitEnded, or found ended here) stores nothing: Complete returns a
 // *TxEndedError, and the engine releases the key.
-func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
+func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) (err error) {
+	defer func() {
+		if err == nil {
+			u.s.changed(p.Tenant, p.Key)
+		}
+	}()
 	u.stmts.Lock()
 	defer u.stmts.Unlock()
 	u.mu.Lock()
@@ -295,7 +300,7 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 	case unitDone:
 		return errUnitDone
 	}
-	err := u.complete(ctx, p)
+	err = u.complete(ctx, p)
 	if errors.Is(err, errAborted) {
 		if p.Result.Status < 400 {
 			// A success whose writes a failed statement undid: storing

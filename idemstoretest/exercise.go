@@ -74,6 +74,7 @@ func Exercise(ctx context.Context, t *testing.T, newFixture func(t *testing.T) *
 	t.Run("Transactions", s.transactions)
 	t.Run("Engine", s.engine)
 	t.Run("Steps", s.steps)
+	t.Run("Wait", s.wait)
 	t.Run("StoreErrors", s.storeErrors)
 }
 

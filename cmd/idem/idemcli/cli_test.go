@@ -52,7 +52,7 @@ func TestCheckIsWired(t *testing.T) {
 
 func TestCommandHelpListsEveryFlag(t *testing.T) {
 	flags := map[string][]string{
-		"serve":   {"addr", "db", "keys", "lease", "retention", "require-key", "handler-delay", "purge-interval", "read-timeout", "write-timeout", "idle-timeout"},
+		"serve":   {"addr", "db", "keys", "lease", "retention", "require-key", "handler-delay", "wait-in-flight", "purge-interval", "read-timeout", "write-timeout", "idle-timeout"},
 		"migrate": {"db", "dry-run"},
 		"purge":   {"db", "batch"},
 		"inspect": {"key", "tenant", "consumer", "db", "keys", "json", "full-body"},
@@ -94,6 +94,8 @@ func TestBadInput(t *testing.T) {
 		{[]string{"serve", "--purge-interval", "1ns", "--db", db}, ExitUsage, "--purge-interval must be 0 (off) or at least 10ms"},
 		{[]string{"serve", "--retention", "0s", "--db", db}, ExitUsage, "--retention must be positive"},
 		{[]string{"serve", "--handler-delay", "-1s", "--db", db}, ExitUsage, "--handler-delay"},
+		{[]string{"serve", "--wait-in-flight", "-1s", "--db", db}, ExitUsage, "--wait-in-flight must not be negative"},
+		{[]string{"serve", "--write-timeout", "10s", "--read-timeout", "5s", "--wait-in-flight", "5s", "--db", db}, ExitUsage, "--wait-in-flight 5s; make it longer"},
 		{[]string{"serve", "--lease", "2m", "--retention", "1m", "--db", db}, ExitUsage, "--retention 1m0s is shorter than --lease 2m0s"},
 		{[]string{"serve", "--retention", "1s", "--db", db}, ExitUsage, "--retention 1s is shorter than --lease 1m30s"},
 		{[]string{"serve", "--read-timeout", "0s", "--db", db}, ExitUsage, "--read-timeout must be at least 10ms"},

@@ -66,11 +66,14 @@ type serveOpts struct {
 	requireKey bool
 	// handlerDelay is demo.Config.HandlerDelay.
 	handlerDelay time.Duration
+	// waitInFlight is demo.Config.WaitInFlight.
+	waitInFlight time.Duration
 	// purgeInterval is the janitor's pause; zero turns it off.
 	purgeInterval time.Duration
 	// readTimeout bounds the reading of a whole request, body included;
 	// writeTimeout the time from the end of its headers to the end of its
-	// answer (zero: readTimeout + handlerDelay + handlerBudget);
+	// answer (zero: readTimeout + handlerDelay + waitInFlight +
+	// handlerBudget);
 	// idleTimeout a kept-alive connection between requests.
 	readTimeout, writeTimeout, idleTimeout time.Duration
 	// metricsAddr is where GET /metrics listens; "" serves it on addr.
@@ -87,9 +90,11 @@ Runs a demo orders API behind the idem middleware:
 
 A POST with an Idempotency-Key header runs once: the order and the stored
 answer commit in one transaction; a retry gets the same answer back with
-Idempotent-Replayed: true, a retry during the first run gets 409, and the
-same key with another body gets 422. A request refused before it ran (400,
-413, 415) is not stored: the corrected retry with the same key runs.
+Idempotent-Replayed: true, a retry during the first run gets 409 (or, with
+--wait-in-flight, waits for the first run's answer and gets it replayed),
+and the same key with another body gets 422. A request refused before it
+ran (400, 413, 415) is not stored: the corrected retry with the same key
+runs.
 
 The tenant is the <name> of "Authorization: Bearer <name>", or "default"
 without the header; keys and orders are per tenant. The orders table
@@ -111,9 +116,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	durationVar(fs, &opts.retention, "retention", idem.DefaultRetention, "how long a key is remembered and its answer replayed (at least --lease)")
 	fs.BoolVar(&opts.requireKey, "require-key", false, "answer 400 to a POST without Idempotency-Key")
 	durationVar(fs, &opts.handlerDelay, "handler-delay", 0, "sleep this long in POST /orders once its key is claimed, to make the in-flight window visible")
+	durationVar(fs, &opts.waitInFlight, "wait-in-flight", 0, "a retry that arrives while its key's first request runs waits this long for that answer,\nreplayed to it, before it gets 409; 0 answers 409 at once")
 	durationVar(fs, &opts.purgeInterval, "purge-interval", defaultPurgeInterval, "delete expired records this often; 0 turns the janitor off (Redis, with --keys, expires them itself)")
 	durationVar(fs, &opts.readTimeout, "read-timeout", defaultReadTimeout, "close a connection whose request (headers and body) takes longer to arrive")
-	durationVar(fs, &opts.writeTimeout, "write-timeout", 0, "close a connection whose answer is not sent this long after its request's headers\n(default --read-timeout + --handler-delay + 30s)")
+	durationVar(fs, &opts.writeTimeout, "write-timeout", 0, "close a connection whose answer is not sent this long after its request's headers\n(default --read-timeout + --handler-delay + --wait-in-flight + 30s)")
 	durationVar(fs, &opts.idleTimeout, "idle-timeout", defaultIdleTimeout, "close a kept-alive connection idle this long")
 	fs.StringVar(&opts.metricsAddr, "metrics-addr", "", "serve GET /metrics on this `host:port` (port 0 picks a free one) instead of on --addr")
 	if err := parseFlags(fs, serveHelp, args, stdout); err != nil {
@@ -147,6 +153,8 @@ func (o *serveOpts) check() error {
 		return usagef("--retention %s is shorter than --lease %s: a key is remembered at least as long as a request may hold it; raise --retention or lower --lease", o.retention, o.lease)
 	case o.handlerDelay < 0:
 		return usagef("--handler-delay must not be negative, got %s", o.handlerDelay)
+	case o.waitInFlight < 0:
+		return usagef("--wait-in-flight must not be negative, got %s", o.waitInFlight)
 	case o.purgeInterval < 0:
 		return usagef("--purge-interval must not be negative, got %s", o.purgeInterval)
 	case o.purgeInterval > 0 && o.purgeInterval < minInterval:
@@ -157,9 +165,14 @@ func (o *serveOpts) check() error {
 		return usagef("--idle-timeout must be at least %s, got %s", minInterval, o.idleTimeout)
 	case o.writeTimeout < 0:
 		return usagef("--write-timeout must be positive, got %s", o.writeTimeout)
-	case o.writeTimeout > 0 && o.writeTimeout <= o.readTimeout+o.handlerDelay:
+	case o.writeTimeout > 0 && o.writeTimeout <= o.readTimeout+o.handlerDelay+o.waitInFlight:
 		// The write deadline runs from the end of the headers: it covers
-		// the body's arrival, the delay, and the work.
+		// the body's arrival, the wait for a request in flight, the delay,
+		// and the work.
+		if o.waitInFlight > 0 {
+			return usagef("--write-timeout %s leaves no time to answer after --read-timeout %s, --handler-delay %s and --wait-in-flight %s; make it longer than their sum",
+				o.writeTimeout, o.readTimeout, o.handlerDelay, o.waitInFlight)
+		}
 		return usagef("--write-timeout %s leaves no time to answer after --read-timeout %s and --handler-delay %s; make it longer than their sum",
 			o.writeTimeout, o.readTimeout, o.handlerDelay)
 	}
@@ -175,7 +188,7 @@ func (o *serveOpts) check() error {
 func (o *serveOpts) timeouts() (readHeader, read, write, idle time.Duration) {
 	write = o.writeTimeout
 	if write == 0 {
-		write = o.readTimeout + o.handlerDelay + handlerBudget
+		write = o.readTimeout + o.handlerDelay + o.waitInFlight + handlerBudget
 	}
 	return min(maxReadHeaderTimeout, o.readTimeout), o.readTimeout, write, o.idleTimeout
 }
@@ -252,6 +265,7 @@ func buildServer(ctx, hardStop context.Context, c *conn, opts *serveOpts, logger
 	cfg.Engine = engine
 	cfg.RequireKey = opts.requireKey
 	cfg.HandlerDelay = opts.handlerDelay
+	cfg.WaitInFlight = opts.waitInFlight
 	cfg.ShutdownContext = hardStop
 	cfg.Logger = logger
 	app, err := demo.New(cfg)

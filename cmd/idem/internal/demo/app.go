@@ -42,6 +42,10 @@ type Config struct {
 	// HandlerDelay is slept by POST /orders once its key is claimed,
 	// before its first statement, to make the in-flight window visible.
 	HandlerDelay time.Duration
+	// WaitInFlight is how long a POST /orders whose key is in flight waits
+	// for the first request's answer before it gets 409
+	// (idemhttp.Config.WaitInFlight). Defaults to 0: 409 at once.
+	WaitInFlight time.Duration
 	// ShutdownContext, when it ends, ends the requests still running
 	// after their clients went away (idemhttp lets them run on, so that
 	// the retry gets their stored answer): their writes roll back and
@@ -71,6 +75,9 @@ func New(cfg Config) (*App, error) {
 	if cfg.HandlerDelay < 0 {
 		return nil, fmt.Errorf("demo: negative HandlerDelay %s", cfg.HandlerDelay)
 	}
+	if cfg.WaitInFlight < 0 {
+		return nil, fmt.Errorf("demo: negative WaitInFlight %s", cfg.WaitInFlight)
+	}
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -89,6 +96,7 @@ func New(cfg Config) (*App, error) {
 		// withTenant, in front, has already refused malformed credentials.
 		TenantFunc:      func(r *http.Request) (string, error) { return TenantFrom(r.Context()), nil },
 		ShutdownContext: cfg.ShutdownContext,
+		WaitInFlight:    cfg.WaitInFlight,
 		Logger:          logger,
 	})
 	if err != nil {
