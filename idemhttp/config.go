@@ -273,8 +273,13 @@ type Config struct {
 	// Set it for a router other than net/http's ServeMux (with chi:
 	// chi.RouteContext(r.Context()).RoutePattern()). Defaults to the
 	// pattern ServeMux matched (Request.Pattern, without its method),
-	// which needs the middleware inside the mux's route; "" is reported
-	// as "unmatched".
+	// inside a mux's route or around a whole *http.ServeMux (which is
+	// then asked for the pattern before it runs, so that replays and
+	// 409s are named too); "" is reported as "unmatched". A RouteFunc
+	// is called before the handler runs and, when it answered "", again
+	// after: a router that sets its pattern as it runs names only the
+	// requests whose handler ran, unless the middleware sits inside its
+	// route.
 	RouteFunc func(r *http.Request) string
 }
 

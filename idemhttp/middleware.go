@@ -109,13 +109,17 @@ func retryAfterSeconds(d time.Duration) int {
 // Handler wraps next. See the package documentation for what each
 // situation answers.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
+	// Around a whole ServeMux, the mux names the route before it runs:
+	// a request answered without running it (a replay, a 409, a 422)
+	// is then traced under its route too.
+	mux, _ := next.(*http.ServeMux)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !m.covers(r.Method) {
 			next.ServeHTTP(w, r)
 			return
 		}
 		if m.tracer != nil {
-			m.serveTraced(w, r, next)
+			m.serveTraced(w, r, next, mux)
 			return
 		}
 		m.serve(w, r, next, nil)

@@ -25,9 +25,16 @@ type requestTrace struct {
 	pattern   string          // the ServeMux pattern the handler's request got
 }
 
-// serveTraced is serve under the engine's RequestTracer.
-func (m *Middleware) serveTraced(w http.ResponseWriter, r *http.Request, next http.Handler) {
+// serveTraced is serve under the engine's RequestTracer. mux is next
+// when next is a ServeMux, else nil.
+func (m *Middleware) serveTraced(w http.ResponseWriter, r *http.Request, next http.Handler, mux *http.ServeMux) {
 	route := m.route(r, r.Pattern)
+	if route == unmatched && mux != nil && m.config.RouteFunc == nil {
+		// The middleware wraps the router, which has not run yet: ask
+		// it which pattern it will serve.
+		_, pattern := mux.Handler(r)
+		route = m.route(r, pattern)
+	}
 	t := requestTrace{ctx: m.tracer.TraceRequestStart(r.Context(), idem.TraceRequestStartData{Method: r.Method, Route: route})}
 	outcome, status := idem.RequestHandlerPanic, 0
 	defer func() {

@@ -180,19 +180,27 @@ func TestRequestOutcomes(t *testing.T) {
 	send("/items/3", "k2", "")          // executed
 	send("/gone", "k3", "")             // 404: not executed
 	send("/boom", "k4", "")             // panic
+	// Answered without running the router: the router still names the
+	// route, not "unmatched".
+	send("/items/3", "k2", "")      // replayed
+	send("/items/3", "k2", "other") // fingerprint mismatch
+	send("/nowhere", "k5", "")      // the mux's 404, not stored
 	m := metrics(t, reg)
 	want(t, m, map[string]float64{
-		"idem_requests_total{method=POST,outcome=passthrough,route=/items/{id}}":     1,
-		"idem_requests_total{method=POST,outcome=invalid_key,route=unmatched}":       1,
-		"idem_requests_total{method=POST,outcome=request_too_large,route=unmatched}": 1,
-		"idem_requests_total{method=POST,outcome=executed,route=/items/{id}}":        1,
-		"idem_requests_total{method=POST,outcome=not_executed,route=/gone}":          1,
-		"idem_requests_total{method=POST,outcome=handler_panic,route=/boom}":         1,
-		"idem_operations_total{outcome=handler_panic,store=memory}":                  1,
-		"idem_operations_total{outcome=not_executed,store=memory}":                   1,
-		// The 404's release; after the panic, a store without
+		"idem_requests_total{method=POST,outcome=passthrough,route=/items/{id}}":          1,
+		"idem_requests_total{method=POST,outcome=invalid_key,route=/items/{id}}":          1,
+		"idem_requests_total{method=POST,outcome=request_too_large,route=/items/{id}}":    1,
+		"idem_requests_total{method=POST,outcome=executed,route=/items/{id}}":             1,
+		"idem_requests_total{method=POST,outcome=replayed,route=/items/{id}}":             1,
+		"idem_requests_total{method=POST,outcome=fingerprint_mismatch,route=/items/{id}}": 1,
+		"idem_requests_total{method=POST,outcome=not_executed,route=unmatched}":           1,
+		"idem_requests_total{method=POST,outcome=not_executed,route=/gone}":               1,
+		"idem_requests_total{method=POST,outcome=handler_panic,route=/boom}":              1,
+		"idem_operations_total{outcome=handler_panic,store=memory}":                       1,
+		"idem_operations_total{outcome=not_executed,store=memory}":                        2,
+		// The releases of the two 404s; after the panic, a store without
 		// transactions keeps the key until its lease ends.
-		"idem_store_operation_duration_seconds_count{operation=release,result=ok,store=memory}": 1,
+		"idem_store_operation_duration_seconds_count{operation=release,result=ok,store=memory}": 2,
 		"idem_execution_duration_seconds_count{outcome=executed,route=/items/{id}}":             1,
 	})
 }
