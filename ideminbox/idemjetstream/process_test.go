@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,13 +112,17 @@ func TestCrashLoopEndsAsPoison(t *testing.T) {
 		be := newBench(t, b, jetstream.ConsumerConfig{AckWait: time.Second})
 		be.publish(context.Background(), nats.Header{nats.MsgIdHdr: {"order-deadly"}}, "deadly")
 		crashes := 0
+		// transcript keeps what each consumer process saw (its deliveries
+		// and the inbox's answers), for a failure to show the sequence.
+		var transcript strings.Builder
 		for child := 1; ; child++ {
 			if child > crashLoopMaxAttempts+3 {
-				t.Fatalf("still crashing after %d consumer processes", child-1)
+				t.Fatalf("still crashing after %d consumer processes:\n%s", child-1, transcript.String())
 			}
 			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashLoopConsumerProcess$", "-test.count=1")
 			cmd.Env = append(append(os.Environ(), b.Env()...), envStream+"="+be.stream.CachedInfo().Config.Name)
 			out, err := cmd.CombinedOutput()
+			fmt.Fprintf(&transcript, "consumer process %d (%v):\n%s", child, err, out)
 			var exit *exec.ExitError
 			if errors.As(err, &exit) && exit.ExitCode() == 3 {
 				crashes++
@@ -136,8 +141,8 @@ func TestCrashLoopEndsAsPoison(t *testing.T) {
 		st, err := inbox.Status(context.Background(), "order-deadly")
 		if err != nil || st.State != ideminbox.StatePoison || st.Error != ideminbox.ErrUnanswered.Error() ||
 			st.Attempt != crashLoopMaxAttempts+2 || string(st.Data) != "deadly" || crashes != crashLoopMaxAttempts+1 {
-			t.Fatalf("after %d crashes: status %+v, %v; want poison, unanswered, on delivery %d after %d crashes",
-				crashes, st, err, crashLoopMaxAttempts+2, crashLoopMaxAttempts+1)
+			t.Fatalf("after %d crashes: status %+v, %v; want poison, unanswered, on delivery %d after %d crashes\n%s",
+				crashes, st, err, crashLoopMaxAttempts+2, crashLoopMaxAttempts+1, transcript.String())
 		}
 	})
 }
@@ -177,10 +182,16 @@ func TestCrashLoopConsumerProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	poisoned := make(chan string, 1)
+	delivery := func(msg jetstream.Msg) uint64 {
+		md, _ := msg.Metadata()
+		return md.NumDelivered
+	}
 	c, err := NewConsumer(inbox, func(ctx context.Context, msg jetstream.Msg) error {
+		fmt.Printf("%s delivery %d: running\n", time.Now().Format("15:04:05.000"), delivery(msg))
 		os.Exit(3)
 		return nil
 	}, &Config{ObserveFunc: func(msg jetstream.Msg, d ideminbox.Decision, err error) {
+		fmt.Printf("%s delivery %d: %v %v\n", time.Now().Format("15:04:05.000"), delivery(msg), d.Action, err)
 		if d.Action == ideminbox.AckPoison {
 			k, _ := DefaultKey(msg)
 			poisoned <- k
