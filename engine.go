@@ -343,12 +343,14 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *Clai
 	returned := false
 	defer func() {
 		if !returned {
+			x.rc.exec.endSteps()
 			x.stopLease()
 			x.abandon(errGoexit)
 		}
 	}()
 	res, err := callHandler(x.rc, fn)
 	returned = true
+	x.rc.exec.endSteps()
 	return x.finish(res, err)
 }
 
