@@ -136,7 +136,7 @@ func cutField(b []byte) (field, rest []byte, err error) {
 // retry runs fn again. When fn succeeded but its result could not be
 // recorded, Step returns its result with an error wrapping ErrStepNotSaved;
 // return that error from the handler. Whatever the handler answers then,
-// nothing is stored and the engine keeps the key in flight until its lease
+// even if it panics, nothing is stored and the engine keeps the key in flight until its lease
 // ends, instead of releasing it to a retry that would repeat the effect at
 // once; Engine.Do returns the ErrStepNotSaved error.
 //
