@@ -352,12 +352,14 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *Clai
 	returned := false
 	defer func() {
 		if !returned {
+			x.rc.exec.endSteps()
 			x.stopLease()
 			x.abandon(errGoexit)
 		}
 	}()
 	res, err := callHandler(x.rc, fn)
 	returned = true
+	x.rc.exec.endSteps()
 	return x.finish(res, err)
 }
 
@@ -390,20 +392,21 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 		x.e.lostLease(x.ctx, x.op, "heartbeat")
 		x.warnStepsKept("lease lost", ErrLeaseLost)
 		return Outcome{}, ErrLeaseLost
-	case errors.As(err, &panicked):
-		x.abandon(err)
-		return Outcome{}, err
 	case x.rc.exec.unsavedStep.Load() != nil:
 		// A step's effect happened and its record did not, whatever the
 		// handler answered after that (a front end's handler cannot
-		// return the error): a retry now would repeat the effect at once.
-		// The key stays held until its lease ends, which gives the store
-		// time to come back; the takeover then runs the step again, under
-		// the same downstream key (DownstreamKey).
-		cause := *x.rc.exec.unsavedStep.Load()
-		x.rollback("a step ran but was not recorded", cause)
-		x.keepInFlight("a step ran but was not recorded", cause)
+		// return the error), even a panic: a retry now would repeat the
+		// effect at once. The key stays held until its lease ends, which
+		// gives the store time to come back; the takeover then runs the
+		// step again, under the same downstream key (DownstreamKey).
+		cause := x.keepUnsaved()
+		if errors.As(err, &panicked) {
+			return Outcome{}, err
+		}
 		return Outcome{}, cause
+	case errors.As(err, &panicked):
+		x.abandon(err)
+		return Outcome{}, err
 	case err == nil && x.rc.exec.notExecuted.Load():
 		// The function says it did nothing: keep nothing, free the key.
 		x.rollback("", nil)
@@ -499,11 +502,26 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 	return Outcome{}, storeError("complete", err)
 }
 
+// keepUnsaved ends an execution in which a step ran and was not
+// recorded: its writes rolled back, its key in flight until the lease
+// ends. It returns the step's error.
+func (x *execution) keepUnsaved() error {
+	cause := *x.rc.exec.unsavedStep.Load()
+	x.rollback("a step ran but was not recorded", cause)
+	x.keepInFlight("a step ran but was not recorded", cause)
+	return cause
+}
+
 // abandon ends an execution whose function panicked or ended its
 // goroutine: rolled back and released on a transactional store; on
 // another, its effects may stand, so the key stays in flight until the
-// lease ends.
+// lease ends, as it does on any store when a step ran and was not
+// recorded.
 func (x *execution) abandon(cause error) {
+	if x.rc.exec.unsavedStep.Load() != nil {
+		x.keepUnsaved()
+		return
+	}
 	if !x.e.info.Transactional {
 		_ = x.e.rollbackUnit(context.WithoutCancel(x.ctx), x.unit)
 		x.keepInFlight("the handler did not return", cause)

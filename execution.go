@@ -44,6 +44,10 @@ type execState struct {
 	mu          sync.Mutex
 	recorded    []RecordedStep
 	savedSteps  bool // this execution recorded a step
+	ended       bool // the handler returned: no step may begin
+	// stepsRunning counts the steps whose function runs or whose record is
+	// being saved.
+	stepsRunning sync.WaitGroup
 	// unsavedStep is the error of a step that ran but was not recorded.
 	unsavedStep atomic.Pointer[error]
 }

@@ -136,13 +136,19 @@ func cutField(b []byte) (field, rest []byte, err error) {
 // retry runs fn again. When fn succeeded but its result could not be
 // recorded, Step returns its result with an error wrapping ErrStepNotSaved;
 // return that error from the handler. Whatever the handler answers then,
-// nothing is stored and the engine keeps the key in flight until its lease
+// even if it panics, nothing is stored and the engine keeps the key in flight until its lease
 // ends, instead of releasing it to a retry that would repeat the effect at
 // once; Engine.Do returns the ErrStepNotSaved error.
 //
 // One window remains: a crash after fn's effect and before its record
 // commits. A retry then runs fn again, which is why fn should pass a
 // downstream key (DownstreamKey) to the service it calls.
+//
+// A step the handler leaves running in a goroutine holds the end of the
+// execution back: the engine waits for it before it completes or releases
+// the key, so that its record is not lost. A Step called once the handler
+// has returned does not run fn and returns an error: nothing could record
+// its effect any more.
 //
 // Outside an execution (a request without a key), Step just runs fn.
 func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) (T, error)) (T, error) {
@@ -164,6 +170,10 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		}
 		return out, nil
 	}
+	if !st.beginStep() {
+		return zero, fmt.Errorf("idem: step %q: %w", name, errStepAfterEnd)
+	}
+	defer st.stepsRunning.Done()
 	out, err := fn(ctx)
 	if err != nil {
 		return out, err
@@ -191,6 +201,34 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	st.savedSteps = true
 	st.mu.Unlock()
 	return out, nil
+}
+
+// errStepAfterEnd is returned by a Step called once the execution's
+// handler has returned: the engine has decided what becomes of the key,
+// so a step run then could not be recorded, and the next execution would
+// run it again.
+var errStepAfterEnd = errors.New("idem: Step was called after the handler returned; its function did not run")
+
+// beginStep counts a step whose function is about to run, and reports
+// false, counting nothing, once the handler has returned.
+func (st *execState) beginStep() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.ended {
+		return false
+	}
+	st.stepsRunning.Add(1)
+	return true
+}
+
+// endSteps refuses the steps not yet begun and waits for those under way
+// (a handler may leave one running in a goroutine), so that the engine
+// decides on the key knowing whether each was recorded.
+func (st *execState) endSteps() {
+	st.mu.Lock()
+	st.ended = true
+	st.mu.Unlock()
+	st.stepsRunning.Wait()
 }
 
 // recordedStep returns the value recorded for name, by this execution or

@@ -112,8 +112,17 @@ WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state
 
 	// The step is never empty, so the row always changes and rows
 	// affected count it whether the driver counts found or changed rows.
-	saveStep: compile(`UPDATE idem_keys SET steps = CONCAT(COALESCE(steps, X''), @step)
-WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, positional),
+	// CONCAT answers NULL, with a mere warning when the session is not
+	// strict, once its result would outgrow max_allowed_packet: that
+	// would erase every step recorded before under a success. The last
+	// condition refuses such a step instead (SaveStep then says why).
+	// Written without compile, which keeps "@" for its own markers.
+	saveStep: query{
+		text: `UPDATE idem_keys SET steps = CONCAT(COALESCE(steps, X''), ?)
+WHERE tenant_id = ? AND idem_key = ? AND lease_token = ? AND state = 'in_flight'
+  AND COALESCE(LENGTH(steps), 0) + ? <= @@max_allowed_packet`,
+		names: []string{"step", "tenant", "key", "token", "step_len"},
+	},
 
 	// The pick walks idem_keys_expires_at_idx (whose entries end with the
 	// primary key, hence the deterministic order), locks the batch and

@@ -43,7 +43,7 @@ func TestDialectArgs(t *testing.T) {
 		"held":     {"tenant", "key", "token"},
 		"release":  {"tenant", "key", "token"},
 		"keep":     {"tenant", "key", "token"},
-		"save":     {"tenant", "key", "token", "step"},
+		"save":     {"tenant", "key", "token", "step", "step_len"},
 		"purge":    {"limit"},
 		"pick":     {"limit"},
 	}
@@ -62,7 +62,8 @@ func TestDialectArgs(t *testing.T) {
 					t.Errorf("%s %s uses @%s, which the store does not pass", d.name, name, arg)
 				}
 			}
-			if strings.Contains(q.text, "@") {
+			// A server variable is the one "@" a statement may keep.
+			if strings.Contains(strings.ReplaceAll(q.text, "@@max_allowed_packet", ""), "@") {
 				t.Errorf("%s %s still holds an @: %s", d.name, name, q.text)
 			}
 		}

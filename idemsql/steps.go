@@ -30,7 +30,7 @@ import (
 // on every step for a mistake of the handler's.
 func (s *Store) SaveStep(ctx context.Context, p idem.SaveStepParams) error {
 	step := idem.AppendStep(nil, p.Name, p.Value)
-	args := s.d.saveStep.args(map[string]any{"tenant": p.Tenant, "key": p.Key, "token": p.Token, "step": step})
+	args := s.d.saveStep.args(map[string]any{"tenant": p.Tenant, "key": p.Key, "token": p.Token, "step": step, "step_len": len(step)})
 	var res sql.Result
 	var owned *owner
 	err := s.retry(ctx, func() (err error) {
@@ -52,7 +52,23 @@ func (s *Store) SaveStep(ctx context.Context, p idem.SaveStepParams) error {
 	}
 	// The step is never empty, so the row changes whenever it matches:
 	// rows affected are exact on every dialect.
-	return fenced(res)
+	if err := fenced(res); err != nil {
+		if s.d.kind == kindMySQL && s.stepHeld(ctx, p) {
+			// Held, so refused for its size (see the MySQL saveStep).
+			return fmt.Errorf("idemsql: save step %q: the record's steps would outgrow the server's max_allowed_packet; the step (%d bytes) is not saved", p.Name, len(step))
+		}
+		return err
+	}
+	return nil
+}
+
+// stepHeld reports whether the record of p is in flight under p.Token.
+func (s *Store) stepHeld(ctx context.Context, p idem.SaveStepParams) bool {
+	var one int
+	err := s.db.QueryRowContext(ctx, s.d.held.text, s.d.held.args(map[string]any{
+		"tenant": p.Tenant, "key": p.Key, "token": p.Token,
+	})...).Scan(&one)
+	return err == nil
 }
 
 // saveToJournal writes step to the journal for the execution p, whose
@@ -108,7 +124,7 @@ func (s *Store) foldJournal(ctx context.Context, conn *sql.Conn, l lease) (bool,
 		return false, err
 	}
 	_, err = conn.ExecContext(ctx, s.d.saveStep.text, s.d.saveStep.args(map[string]any{
-		"tenant": l.tenant, "key": l.key, "token": l.token, "step": journaled,
+		"tenant": l.tenant, "key": l.key, "token": l.token, "step": journaled, "step_len": len(journaled),
 	})...)
 	return err == nil, err
 }
