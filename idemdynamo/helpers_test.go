@@ -1,19 +1,11 @@
 package idemdynamo_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"fmt"
-	"net"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -35,28 +27,10 @@ func TestMain(m *testing.M) {
 // dynaliteEndpoint and stopped by TestMain.
 var (
 	dynaliteOnce sync.Once
-	dynaliteCmd  *exec.Cmd
 	dynaliteURL  string
+	dynaliteStop = func() {}
 	dynaliteErr  error
 )
-
-// dynaliteBin finds the dynalite executable: $IDEM_DYNALITE (the path
-// .ci/run exports), or the .bin of an npm install in the usual places.
-func dynaliteBin() (string, error) {
-	if p := os.Getenv("IDEM_DYNALITE"); p != "" {
-		return p, nil
-	}
-	for _, dir := range []string{os.Getenv("IDEM_DYNALITE_DIR"), "/tmp/idem-dynalite", "/tmp/dynalite-dyn"} {
-		if dir == "" {
-			continue
-		}
-		p := filepath.Join(dir, "node_modules", ".bin", "dynalite")
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	return "", errors.New("dynalite not installed: npm install dynalite into /tmp/idem-dynalite, or set IDEM_DYNALITE to its executable")
-}
 
 // dynaliteEndpoint returns the URL of a dynalite server (an npm package
 // run by Node: a real server process, in memory), started on a free port
@@ -64,60 +38,20 @@ func dynaliteBin() (string, error) {
 // and fails it under CI=true.
 func dynaliteEndpoint(t testing.TB) string {
 	t.Helper()
-	dynaliteOnce.Do(func() { dynaliteURL, dynaliteErr = startDynalite() })
+	dynaliteOnce.Do(func() {
+		var stop func()
+		dynaliteURL, stop, dynaliteErr = testenv.StartDynalite()
+		if stop != nil {
+			dynaliteStop = stop
+		}
+	})
 	if dynaliteErr != nil {
 		testenv.Unavailable(t, "dynalite", dynaliteErr)
 	}
 	return dynaliteURL
 }
 
-func startDynalite() (string, error) {
-	if _, err := exec.LookPath("node"); err != nil {
-		return "", errors.New("node is not installed")
-	}
-	bin, err := dynaliteBin()
-	if err != nil {
-		return "", err
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	cmd := exec.Command(bin, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
-		"--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		return "", fmt.Errorf("start %s: %w", bin, err)
-	}
-	var logged strings.Builder
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			logged.WriteString(sc.Text() + "\n")
-		}
-	}()
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			dynaliteCmd = cmd
-			return "http://" + addr, nil
-		}
-	}
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-	return "", fmt.Errorf("dynalite did not listen on %s within 30s: %s", addr, logged.String())
-}
-
-func stopDynalite() {
-	if dynaliteCmd != nil {
-		_ = dynaliteCmd.Process.Kill()
-		_ = dynaliteCmd.Wait()
-	}
-}
+func stopDynalite() { dynaliteStop() }
 
 // minidynEndpoint starts minidyn's HTTP server in this process, for what
 // dynalite lacks (TransactWriteItems), and returns its URL.

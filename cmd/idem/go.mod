@@ -8,11 +8,16 @@ require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
 
 require github.com/idem-go/idem/idemprom v0.0.0-00010101000000-000000000000
 
+require github.com/idem-go/idem/idemdynamo v0.0.0-00010101000000-000000000000
+
 require github.com/idem-go/idem/idempg v0.0.0-00010101000000-000000000000
 
 require github.com/idem-go/idem/idemsql v0.0.0-00010101000000-000000000000
 
 require (
+	github.com/aws/aws-sdk-go-v2 v1.48.0
+	github.com/aws/aws-sdk-go-v2/config v1.33.18
+	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/uuid v1.6.0
 	github.com/idem-go/idem/idemredis v0.0.0-00010101000000-000000000000
@@ -24,6 +29,19 @@ require (
 
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
+	github.com/aws/aws-sdk-go-v2/credentials v1.21.0 // indirect
+	github.com/aws/aws-sdk-go-v2/feature/ec2/imds v1.20.9 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/configsources v1.5.12 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/endpoints/v2 v2.8.12 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/v4a v1.5.12 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/accept-encoding v1.13.25 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/endpoint-discovery v1.13.12 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/presigned-url v1.14.12 // indirect
+	github.com/aws/aws-sdk-go-v2/service/signin v1.13.1 // indirect
+	github.com/aws/aws-sdk-go-v2/service/sso v1.39.5 // indirect
+	github.com/aws/aws-sdk-go-v2/service/ssooidc v1.44.5 // indirect
+	github.com/aws/aws-sdk-go-v2/service/sts v1.52.0 // indirect
+	github.com/aws/smithy-go v1.28.9 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
@@ -63,3 +81,5 @@ replace github.com/idem-go/idem/ideminbox/idemjetstream => ../../ideminbox/idemj
 replace github.com/idem-go/idem/ideminbox/idemamqp => ../../ideminbox/idemamqp
 
 replace github.com/idem-go/idem/idemprom => ../../idemprom
+
+replace github.com/idem-go/idem/idemdynamo => ../../idemdynamo

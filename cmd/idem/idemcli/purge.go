@@ -54,6 +54,9 @@ func (c *Purge) Run(ctx context.Context, opts *PurgeOpts) error {
 	if opts.Batch <= 0 {
 		return usagef("--batch must be positive, got %d", opts.Batch)
 	}
+	if isDynamoURL(opts.DB) {
+		return c.purgeDynamo(ctx, opts)
+	}
 	cn, err := openDB(ctx, opts.DB, openOptions{mustExist: true})
 	if err != nil {
 		return err

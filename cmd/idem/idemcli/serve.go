@@ -19,7 +19,6 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/demo"
 	"github.com/idem-go/idem/idemprom"
-	"github.com/idem-go/idem/idemredis"
 )
 
 // Defaults of serve.
@@ -111,7 +110,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&opts.addr, "addr", defaultAddr, "listen on `host:port` (port 0 picks a free one)")
 	fs.StringVar(&opts.db, "db", DefaultDB, dbFlagHelp)
-	fs.StringVar(&opts.keys, "keys", "", "keep the idempotency records in Redis at this redis:// `URL` instead of --db;\nweaker: the order and its record no longer commit in one transaction")
+	fs.StringVar(&opts.keys, "keys", "", "keep the idempotency records in Redis at this redis:// `URL` (or in DynamoDB: dynamodb://TABLE?region=…&endpoint=…) instead of --db;\nweaker: the order and its record no longer commit in one transaction")
 	durationVar(fs, &opts.lease, "lease", idem.DefaultLease, "how long a running request holds its key before a retry may take it over")
 	durationVar(fs, &opts.retention, "retention", idem.DefaultRetention, "how long a key is remembered and its answer replayed (at least --lease)")
 	fs.BoolVar(&opts.requireKey, "require-key", false, "answer 400 to a POST without Idempotency-Key")
@@ -177,7 +176,7 @@ func (o *serveOpts) check() error {
 			o.writeTimeout, o.readTimeout, o.handlerDelay)
 	}
 	if o.keys != "" {
-		if _, err := parseRedisURL(o.keys); err != nil {
+		if err := checkKeysURL(o.keys); err != nil {
 			return err
 		}
 	}
@@ -228,12 +227,12 @@ func newServer(ctx, hardStop context.Context, opts *serveOpts, logger *slog.Logg
 func buildServer(ctx, hardStop context.Context, c *conn, opts *serveOpts, logger *slog.Logger) (*server, error) {
 	var store idem.Store
 	if opts.keys != "" {
-		rs, err := c.useRedis(ctx, opts.keys, &idemredis.Config{Logger: logger})
+		rs, err := c.useKeys(ctx, opts.keys, logger, true)
 		if err != nil {
 			return nil, err
 		}
 		store = rs
-		logger.Warn("idempotency records in Redis, orders in --db: they no longer commit in one transaction; a crash between the two may let a retry create a second order once the lease ends")
+		logger.Warn("idempotency records in "+rs.Info().Name+", orders in --db: they no longer commit in one transaction; a crash between the two may let a retry create a second order once the lease ends")
 	} else {
 		if err := c.migrateKeys(ctx); err != nil {
 			return nil, fmt.Errorf("migrate the idempotency records table: %w", err)
@@ -376,7 +375,7 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 
 	keys := s.conn.target.describe()
 	if opts.keys != "" {
-		keys = "redis"
+		keys = s.store.Info().Name
 	}
 	logger.Info("listening", slog.String("addr", ln.Addr().String()), slog.String("db", s.conn.target.describe()),
 		slog.String("keys", keys), slog.Duration("lease", opts.lease), slog.Duration("retention", opts.retention),
