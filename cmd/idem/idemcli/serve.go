@@ -232,7 +232,7 @@ func buildServer(ctx, hardStop context.Context, c *conn, opts *serveOpts, logger
 			return nil, err
 		}
 		store = rs
-		logger.Warn("idempotency records in "+rs.Info().Name+", orders in --db: they no longer commit in one transaction; a crash between the two may let a retry create a second order once the lease ends")
+		logger.Warn("idempotency records in " + rs.Info().Name + ", orders in --db: they no longer commit in one transaction; a crash between the two may let a retry create a second order once the lease ends")
 	} else {
 		if err := c.migrateKeys(ctx); err != nil {
 			return nil, fmt.Errorf("migrate the idempotency records table: %w", err)
