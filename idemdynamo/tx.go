@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -221,7 +222,10 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 			// was lost: it took effect.
 			return nil
 		case tok == p.Token && st == string(idem.StateInFlight):
-			return fmt.Errorf("idemdynamo: complete: a business write's condition failed, so nothing was written: %w", err)
+			// Still ours: a business write's condition failed, or
+			// DynamoDB cancelled the transaction for another reason (a
+			// conflict with a concurrent transaction on one of its items).
+			return fmt.Errorf("idemdynamo: complete: the transaction was cancelled (%s), so nothing was written: %w", reasons(cancelled), err)
 		}
 	}
 	if chunks > 0 {
@@ -284,4 +288,18 @@ func requestToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// reasons lists the cancellation reasons of a cancelled transaction.
+func reasons(e *types.TransactionCanceledException) string {
+	if e == nil || len(e.CancellationReasons) == 0 {
+		return "no reason given"
+	}
+	var codes []string
+	for i, r := range e.CancellationReasons {
+		if c := aws.ToString(r.Code); c != "" && c != "None" {
+			codes = append(codes, fmt.Sprintf("item %d: %s", i+1, c))
+		}
+	}
+	return strings.Join(codes, ", ")
 }
