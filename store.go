@@ -6,12 +6,15 @@ import (
 )
 
 // Store keeps idempotency records. Implementations: idemmem (in memory),
-// idemsql (database/sql: SQLite, MySQL/MariaDB, PostgreSQL), idempg (pgx)
-// and idemredis. Every implementation passes idemstoretest.Exercise.
+// idemsql (database/sql: SQLite, MySQL/MariaDB, PostgreSQL), idempg (pgx),
+// idemredis and idemdynamo. Every implementation passes
+// idemstoretest.Exercise.
 //
 // All times (lease ends, retention) are decided by the store's own clock
 // (SQL now(), Redis TIME), never by the caller's, so that application
-// servers with drifting clocks agree.
+// servers with drifting clocks agree. DynamoDB has no clock a request can
+// read: idemdynamo uses the application's, with a bound on the skew
+// between processes added to every check.
 //
 // Stores must not keep the slices they are given (ClaimParams.Fingerprint,
 // CompleteParams.Result.Body and Header): callers such as idemhttp reuse
