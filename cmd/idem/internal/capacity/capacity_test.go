@@ -8,8 +8,10 @@ package capacity
 
 import (
 	"context"
+	"database/sql"
 	"flag"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,14 +22,19 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // testenv's schema helper speaks database/sql
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdynamo"
+	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemredis"
+	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/idemsql/idemmysql"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -71,13 +78,17 @@ func TestCapacity(t *testing.T) {
 		t.Skip("skipping: run with -capacity")
 	}
 	ctx := context.Background()
-	backends := []backend{postgres(t), redisBackend(t), dynalite(t)}
+	backends := []backend{postgres(t), mysqlBackend(t), sqliteBackend(t), redisBackend(t), dynalite(t)}
 
 	t.Log("bytes per record (demo answer: 201, 2 headers, 111-byte body; 32-byte fingerprint; 13-byte key)")
 	t.Logf("%-12s %10s %10s %10s  %s", "store", "response", "reference", "marker", "what is counted")
 	for _, b := range backends {
 		var cells []string
 		var how string
+		if b.size == nil {
+			t.Logf("%-12s %10s %10s %10s  %s", b.name, "-", "-", "-", "not measured")
+			continue
+		}
 		for _, mode := range []idem.StorageMode{idem.ModeResponse, idem.ModeReference, idem.ModeMarker} {
 			tenant, key := "tenant-1", fmt.Sprintf("order-%d-00001", mode) // 13 bytes
 			complete(t, b.store, tenant, key, demoResult(mode))
@@ -195,6 +206,46 @@ func postgres(t *testing.T) backend {
 			return n, "pg_column_size of the row (heap tuple; the primary-key index adds about 40 more)"
 		},
 	}
+}
+
+// sqlBackend is a database/sql store with a bare table beside it.
+func sqlBackend(t *testing.T, name string, db *sql.DB, dialect idemsql.Dialect, mig idemmigrate.Dialect, insert string) backend {
+	ctx := context.Background()
+	if err := idemmigrate.Migrate(ctx, db, mig); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE bare (id BIGINT PRIMARY KEY, body BLOB)`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := idemsql.NewStore(db, dialect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return backend{
+		name: name, store: st,
+		bare: func(ctx context.Context, i int64) error {
+			_, err := db.ExecContext(ctx, insert, i, demoBody)
+			return err
+		},
+	}
+}
+
+func mysqlBackend(t *testing.T) backend {
+	db, err := sql.Open("mysql", testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return sqlBackend(t, "mysql", db, idemmysql.Dialect, idemmigrate.MySQL, `INSERT INTO bare VALUES (?, ?)`)
+}
+
+func sqliteBackend(t *testing.T) backend {
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "capacity.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return sqlBackend(t, "sqlite", db, idemsql.SQLite, idemmigrate.SQLite, `INSERT INTO bare VALUES (?, ?)`)
 }
 
 func redisBackend(t *testing.T) backend {
