@@ -174,3 +174,18 @@ func TestBusinessConditionFailsCompletion(t *testing.T) {
 		t.Errorf("record after a cancelled transaction: %v, want released (idem.ErrNotFound)", err)
 	}
 }
+
+// TestTxOutsideExecution: outside an execution Tx is nil and Add says
+// that nothing would commit the writes, instead of dropping them.
+func TestTxOutsideExecution(t *testing.T) {
+	w := idemdynamo.Tx(context.Background())
+	if w != nil {
+		t.Fatalf("Tx outside an execution = %v, want nil", w)
+	}
+	if err := w.Add(types.TransactWriteItem{}); !errors.Is(err, idemdynamo.ErrNoUnitOfWork) {
+		t.Fatalf("Add outside an execution = %v, want ErrNoUnitOfWork", err)
+	}
+	if w.Len() != 0 {
+		t.Fatal("Len of no unit of work is not 0")
+	}
+}

@@ -105,3 +105,57 @@ func TestHTTPSameKeyAtTheSameInstant(t *testing.T) {
 		t.Fatalf("retry after completion: %d %q %s", resp.StatusCode, resp.Header.Get(idemhttp.HeaderReplayed), body)
 	}
 }
+
+// TestHTTPBusinessItemsCommitWithAnswer: through idemhttp on minidyn, the
+// handler adds its business write (a counter incremented by one) to the
+// unit of work with idemdynamo.Tx(r.Context()); 30 duplicates released at
+// one barrier over two servers increment it once, and every answer is
+// the first or its replay or a 409.
+func TestHTTPBusinessItemsCommitWithAnswer(t *testing.T) {
+	endpoint := minidynEndpoint(t)
+	table, orders := newTable(t, endpoint), newOrdersTable(t, endpoint)
+	cfg := noSkew
+	cfg.Transactional = true
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := increment(r.Context(), orders); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "created")
+	})
+	var servers [2]*httptest.Server
+	for i := range servers {
+		engine := newEngine(t, newStore(t, endpoint, table, cfg), nil)
+		mw, err := idemhttp.NewMiddleware(engine, &idemhttp.Config{SharedKeySpace: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		servers[i] = httptest.NewServer(mw.Handler(handler))
+		t.Cleanup(servers[i].Close)
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	t.Cleanup(client.CloseIdleConnections)
+	const n = 30
+	statuses := make([]int, n)
+	atonce.Run(n, func(i int) {
+		req, _ := http.NewRequest(http.MethodPost, servers[i%2].URL+"/orders", strings.NewReader("42"))
+		req.Header.Set(idemhttp.HeaderKey, "order-42")
+		resp, err := client.Do(req)
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		statuses[i] = resp.StatusCode
+	})
+	for i, s := range statuses {
+		if s != http.StatusCreated && s != http.StatusConflict {
+			t.Fatalf("answer %d: status %d", i, s)
+		}
+	}
+	if got := counterValue(t, endpoint, orders); got != 1 {
+		t.Fatalf("business counter = %d after %d duplicates, want 1", got, n)
+	}
+}

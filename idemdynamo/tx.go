@@ -29,6 +29,11 @@ const chunkSize = 300_000
 // ErrTooManyWrites is returned by Writes.Add past MaxWrites.
 var ErrTooManyWrites = fmt.Errorf("idemdynamo: a unit of work holds at most %d business writes (TransactWriteItems takes 100 actions, the record is one)", MaxWrites)
 
+// ErrNoUnitOfWork is returned by Add on the nil Writes that Tx returns
+// outside an execution on an idemdynamo store (a request without a key,
+// or another store): nothing would commit the writes.
+var ErrNoUnitOfWork = errors.New("idemdynamo: no unit of work in this context (no execution of an idemdynamo store); write directly instead")
+
 // ErrWritesClosed is returned by Writes.Add once the unit of work has
 // completed or rolled back.
 var ErrWritesClosed = errors.New("idemdynamo: the unit of work has ended; its business writes can no longer change")
@@ -50,6 +55,9 @@ type Writes struct {
 // whole transaction, record included: the completion then fails and the
 // engine answers with an error.
 func (w *Writes) Add(items ...types.TransactWriteItem) error {
+	if w == nil {
+		return ErrNoUnitOfWork
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -64,6 +72,9 @@ func (w *Writes) Add(items ...types.TransactWriteItem) error {
 
 // Len returns how many business writes the unit of work holds.
 func (w *Writes) Len() int {
+	if w == nil {
+		return 0
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return len(w.items)
@@ -83,13 +94,12 @@ type writesKey struct{}
 
 // Tx returns the business writes of the execution running in ctx (the
 // context the engine gives the handler), or nil outside an execution on
-// an idemdynamo store.
+// an idemdynamo store, whose Add returns ErrNoUnitOfWork.
 //
-//	w := idemdynamo.Tx(ctx)
-//	if w == nil {
-//		return idem.Result{}, errors.New("no unit of work")
+//	err := idemdynamo.Tx(ctx).Add(types.TransactWriteItem{Put: &types.Put{TableName: aws.String("orders"), Item: order}})
+//	if errors.Is(err, idemdynamo.ErrNoUnitOfWork) {
+//		// a request without a key: write the item directly
 //	}
-//	err := w.Add(types.TransactWriteItem{Put: &types.Put{TableName: aws.String("orders"), Item: order}})
 func Tx(ctx context.Context) *Writes {
 	w, _ := ctx.Value(writesKey{}).(*Writes)
 	return w
