@@ -53,14 +53,23 @@ func parseDynamoURL(raw string) (dynamoTarget, error) {
 	if !validTableName(t.table) {
 		return dynamoTarget{}, usagef("dynamodb:// URL: table name %s: want 3 to 255 of a-z, A-Z, 0-9, '_', '-', '.'", strconv.Quote(t.table))
 	}
-	for name, values := range u.Query() {
+	query, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		// Not echoed: it may hold a password.
+		return dynamoTarget{}, usagef("dynamodb:// URL: the query is malformed (a '%%' not followed by two hex digits?); want %s", dynamoURLHelp)
+	}
+	for name, values := range query {
 		v := values[len(values)-1]
 		switch name {
 		case "region":
 			t.region = v
 		case "endpoint":
 			e, err := url.Parse(v)
-			if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
+			if err != nil || e.User != nil {
+				// Not echoed: it may hold a password.
+				return dynamoTarget{}, usagef("dynamodb:// URL: the endpoint is not a URL without credentials; want http://host:port or https://host")
+			}
+			if (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
 				return dynamoTarget{}, usagef("dynamodb:// URL: endpoint %s: want http://host:port or https://host", strconv.Quote(v))
 			}
 			t.endpoint = v

@@ -88,6 +88,8 @@ func TestDynamoURL(t *testing.T) {
 		"dynamodb://idem_keys?max-clock-skew=soon",
 		"dynamodb://idem_keys?colour=blue",
 		"dynamodb://user:secret@idem_keys",
+		"dynamodb://idem_keys?endpoint=http://user:secret@127.0.0.1:8000",
+		"dynamodb://idem_keys?endpoint=http://127.0.0.1:8000/%zzsecret",
 	} {
 		_, err := parseDynamoURL(bad)
 		if err == nil {
