@@ -130,14 +130,17 @@ func (e *Engine) waitInFlight(ctx context.Context, op Operation, lost *Record, f
 // leave counts the waiter out of the key's waiters before it runs.
 func (e *Engine) waiterClaim(ctx context.Context, op Operation, fn func(ctx context.Context) (Result, error), t *opTrace, kw *keyWait, leave func()) (out Outcome, err error, done bool) {
 	if e.closed.Load() {
-		e.waits.claimDone(kw)
+		e.waits.claimDone(kw, true)
 		return Outcome{}, ErrClosed, true
 	}
 	token := newToken()
 	claim, err := e.claim(ctx, e.claimParams(op, token))
 	// The others learn what the claim led to from the poller's next read,
-	// made now.
-	e.waits.claimDone(kw)
+	// made at once, unless the claim lost to the execution they wait for
+	// already (the store's clock says its lease runs on): read at once,
+	// again and again, it would turn a clock ahead of the store's into a
+	// loop of claims.
+	e.waits.claimDone(kw, err != nil || claim.Won || !waitable(claim.Record, op.Fingerprint))
 	if err != nil {
 		if !errors.Is(err, ErrNotApplied) {
 			e.late.start(ctx, ReleaseParams{Tenant: op.Tenant, Key: op.Key, Token: token})
@@ -324,13 +327,16 @@ func (w *waitRoom) takeClaim(kw *keyWait, gen uint64) bool {
 	return true
 }
 
-// claimDone ends the turn takeClaim gave, and has the poller read the
-// record at once, for the waiters that did not claim.
-func (w *waitRoom) claimDone(kw *keyWait) {
+// claimDone ends the turn takeClaim gave and, with kick, has the poller
+// read the record at once, for the waiters that did not claim.
+func (w *waitRoom) claimDone(kw *keyWait, kick bool) {
 	w.mu.Lock()
 	kw.claiming = false
 	kw.claimGen = kw.gen
 	w.mu.Unlock()
+	if !kick {
+		return
+	}
 	select {
 	case kw.kick <- struct{}{}:
 	default:
