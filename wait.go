@@ -116,7 +116,7 @@ func (e *Engine) waitInFlight(ctx context.Context, op Operation, lost *Record, f
 		if !w.takeClaim(kw, gen) {
 			continue
 		}
-		out, err, done := e.waiterClaim(ctx, op, fn, t, kw, leave)
+		out, done, err := e.waiterClaim(ctx, op, fn, t, kw, leave)
 		if done {
 			return out, err
 		}
@@ -128,10 +128,10 @@ func (e *Engine) waitInFlight(ctx context.Context, op Operation, lost *Record, f
 // record that is not to wait for (done), or nothing when lost to an
 // execution of the operation in flight, which the waiter waits for.
 // leave counts the waiter out of the key's waiters before it runs.
-func (e *Engine) waiterClaim(ctx context.Context, op Operation, fn func(ctx context.Context) (Result, error), t *opTrace, kw *keyWait, leave func()) (out Outcome, err error, done bool) {
+func (e *Engine) waiterClaim(ctx context.Context, op Operation, fn func(ctx context.Context) (Result, error), t *opTrace, kw *keyWait, leave func()) (out Outcome, done bool, err error) {
 	if e.closed.Load() {
 		e.waits.claimDone(kw, true)
-		return Outcome{}, ErrClosed, true
+		return Outcome{}, true, ErrClosed
 	}
 	token := newToken()
 	claim, err := e.claim(ctx, e.claimParams(op, token))
@@ -145,7 +145,7 @@ func (e *Engine) waiterClaim(ctx context.Context, op Operation, fn func(ctx cont
 		if !errors.Is(err, ErrNotApplied) {
 			e.late.start(ctx, ReleaseParams{Tenant: op.Tenant, Key: op.Key, Token: token})
 		}
-		return Outcome{}, storeError("claim", err), true
+		return Outcome{}, true, storeError("claim", err)
 	}
 	if claim.Won {
 		// Running, it no longer waits: the poller must not outlive the
@@ -158,16 +158,16 @@ func (e *Engine) waiterClaim(ctx context.Context, op Operation, fn func(ctx cont
 			e.tookOver(ctx, op, &claim)
 		}
 		out, err := e.run(ctx, op, token, &claim, fn, t)
-		return out, err, true
+		return out, true, err
 	}
 	if waitable(claim.Record, op.Fingerprint) {
-		return Outcome{}, nil, false
+		return Outcome{}, false, nil
 	}
 	if t != nil && claim.Record != nil {
 		t.completedAt = claim.Record.CompletedAt
 	}
 	out, err = decide(claim.Record, op.Fingerprint)
-	return out, err, true
+	return out, true, err
 }
 
 // claimParams are Do's claim of op under token.
