@@ -53,6 +53,14 @@ type Config struct {
 	// slog.Default().
 	Logger *slog.Logger
 
+	// WaitPollInterval is the longest pause between two reads of a key
+	// that duplicates wait on (Operation.WaitInFlight): the poller reads
+	// the record after a twenty-fifth of it, then doubles its pause up to
+	// it. Defaults to 250ms. A store that announces changes (Watcher)
+	// wakes the waiters at once, and the polls only catch an announcement
+	// lost on the way: there it may be longer.
+	WaitPollInterval time.Duration
+
 	// Tracer observes every operation, and, when it implements the
 	// optional interfaces (StoreTracer, LeaseTracer, RequestTracer,
 	// MessageTracer), the store calls, the lease events, and the requests
@@ -286,7 +294,7 @@ func (e *Engine) do(ctx context.Context, op Operation, fn func(ctx context.Conte
 	}
 	if !claim.Won {
 		if op.WaitInFlight > 0 && waitable(claim.Record, op.Fingerprint) {
-			return e.waitInFlight(ctx, op, fn, t)
+			return e.waitInFlight(ctx, op, claim.Record, fn, t)
 		}
 		if t != nil && claim.Record != nil {
 			t.completedAt = claim.Record.CompletedAt

@@ -470,7 +470,9 @@ func classifyOperation(ctx context.Context, out Outcome, err error) OperationOut
 		return OutcomeStepNotSaved
 	case errors.Is(err, ErrStore):
 		return OutcomeStoreUnavailable
-	case ctx.Err() != nil:
+	case ctx.Err() != nil, isWaitEnded(err):
+		// A waiter whose Operation.WaitContext ended (its client left)
+		// ran nothing, although Do's context lives on.
 		return OutcomeCancelled
 	}
 	return OutcomeHandlerError

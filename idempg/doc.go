@@ -89,8 +89,8 @@
 // Migrate applies idemmigrate's PostgreSQL files to the schema the pool's
 // connections use (their search_path): the idem_keys table (0001), the
 // idem_complete function (0002), the steps column of recovery points
-// (0003) and the waiters flag with the completion that tells waiters
-// (0004). Teams with their own migration tool apply
+// (0003), the waiters flag with the completion that tells waiters
+// (0004), and the secret that makes their notifications opaque (0005). Teams with their own migration tool apply
 // idemmigrate.Files(idemmigrate.Postgres) instead. A database migrated by
 // an earlier release moves forward with Migrate, which applies only the
 // files it has not applied yet.
@@ -106,8 +106,12 @@
 // every key, and marks the record waited on. The completion and the
 // release of a marked record notify it, from any process; records nobody
 // waits for never call pg_notify, whose commit queues on a lock shared by
-// the whole server. The end of a lease and a takeover notify nothing: the
-// engine's polling finds them within a quarter of a second.
+// the whole server. A notification carries an opaque token, a hash of
+// the tenant and the key keyed by a secret only idem's roles read: any
+// role may LISTEN, and learns nothing of the keys from it. The end of a
+// lease and a takeover notify nothing: the engine's polling finds them
+// within a quarter of a second. The poller reads a record's state alone
+// (Store.GetState), never its result or its steps, until it completed.
 //
 // # Your own transaction
 //

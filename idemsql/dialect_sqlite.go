@@ -46,7 +46,8 @@ WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @old`, numbered)
 	peek: compile(`SELECT `+recordColumns+`, state = 'complete' AND expires_at > `+sqliteNow+`
 FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
 
-	get: compile(`SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
+	get:   compile(`SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
+	state: compile(`SELECT `+stateColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
 
 	complete: compile(`UPDATE idem_keys SET state = 'complete', storage_mode = @mode,
     status_code = @status, response_headers = @headers, response_body = @body,
