@@ -78,7 +78,7 @@ func (e *Engine) waitInFlight(ctx context.Context, op Operation, fn func(ctx con
 			return Outcome{}, storeError("claim", err)
 		}
 		if claim.Won {
-			return e.run(ctx, op, token, &claim, fn, t)
+			return e.run(ctx, op, token, &claim, nil, fn, t)
 		}
 		if !waitable(claim.Record, op.Fingerprint) {
 			return decide(claim.Record, op.Fingerprint)
