@@ -77,6 +77,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	variantClaimConcurrency := fs.Int("variant-claim-concurrency", 0, "idempg.Config.ClaimConcurrency of (b'); setting it adds (b') even without -variant")
 	variantClaimBatch := fs.Int("variant-claim-batch", 0, "idempg.Config.ClaimBatchSize of (b'); setting it adds (b') even without -variant")
 	withOneTx := fs.Bool("onetx", false, "also measure (e), a claim inside the business transaction (not idem's design), fresh keys and duplicate pairs")
+	withSingle := fs.Bool("single", false, "also measure (f) and (g): idem in the single-transaction mode (idempg Config.SingleTransaction), fresh keys and replays, and its duplicate pairs")
+	withWriteOnce := fs.Bool("writeonce", false, "also measure (w): the record written once without a lock, the unique index deciding between duplicates (not idem's design), and its duplicate pairs")
+	withRealistic := fs.Bool("realistic", false, "also measure (ra), (rb) and, with -single, (rf): a handler of three statements and 1 ms of waiting, bare and behind idem; their ratios are against (ra)")
 	only := fs.String("only", "", "comma-separated scenarios to run (a,b,b',c,d), for profiling one of them; default all")
 	costRuns := fs.Int("cost", 2000, "runs of each piece in the serial cost measurement; 0 skips it")
 	profile := fs.String("cpuprofile", "", "file for a CPU profile of the measured rounds, labelled by route (server) and scenario (clients): go tool pprof -tagfocus route=/idem/orders")
@@ -99,8 +102,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		db, err = openDatabase(ctx, *dbURL, *conns, "", *rtt)
 	} else {
 		// The pgx-only measurements have no database/sql counterpart.
-		if *variantSQL != "" || *variantClaimBatch != 0 || *variantClaimConcurrency != 0 || *withOneTx || *rtt != 0 {
-			return errors.New("-variant, -variant-claim-*, -onetx and -rtt measure idempg: use them with -store postgres")
+		if *variantSQL != "" || *variantClaimBatch != 0 || *variantClaimConcurrency != 0 || *withOneTx || *withSingle || *withWriteOnce || *withRealistic || *rtt != 0 {
+			return errors.New("-variant, -variant-claim-*, -onetx, -single, -writeonce, -realistic and -rtt measure idempg: use them with -store postgres")
 		}
 		*costRuns = 0
 		if *store == "sqlite" {
@@ -156,6 +159,18 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if *withOneTx {
 		b.scenarios = append(b.scenarios, oneTxScenario)
 	}
+	if *withSingle {
+		b.scenarios = append(b.scenarios, singleScenarios...)
+	}
+	if *withWriteOnce {
+		b.scenarios = append(b.scenarios, writeOnceScenario)
+	}
+	if *withRealistic {
+		b.scenarios = append(b.scenarios, realisticScenarios[:2]...)
+		if *withSingle {
+			b.scenarios = append(b.scenarios, realisticScenarios[2])
+		}
+	}
 	if *only != "" {
 		ids := strings.Split(*only, ",")
 		b.scenarios = slices.DeleteFunc(b.scenarios, func(sc scenario) bool { return !slices.Contains(ids, sc.id) })
@@ -202,6 +217,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 			pairScenarios := []scenario{scenarioByID("d"), scenarioByID("b")}
 			if *withOneTx {
 				pairScenarios = append(pairScenarios, oneTxScenario)
+			}
+			if *withSingle {
+				pairScenarios = append(pairScenarios, singleScenarios[0])
+			}
+			if *withWriteOnce {
+				pairScenarios = append(pairScenarios, writeOnceScenario)
 			}
 			for _, sc := range pairScenarios {
 				d, err := b.runPairs(ctx, sc, r, *dup)
