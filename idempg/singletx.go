@@ -301,9 +301,17 @@ func (u *singleUnit) Complete(ctx context.Context, p idem.CompleteParams) error 
 		u.unlockAndRelease(ctx)
 		return idem.ErrWritesAborted
 	}
-	query := singleInsertSQL
+	name, query := "idem_single_insert", singleInsertSQL
 	if u.replace {
-		query = singleReplaceSQL
+		name, query = "idem_single_replace", singleReplaceSQL
+	}
+	// Prepared once per connection (pgx keeps it by name): parsing and
+	// planning the INSERT on every request cost the backend more than its
+	// execution.
+	sd, err := u.conn.Conn().Prepare(ctx, name, query)
+	if err != nil {
+		u.unlockAndRelease(ctx)
+		return interpretError(err)
 	}
 	pl := pgConn.StartPipeline(ctx)
 	insertAt := 0
@@ -316,7 +324,7 @@ func (u *singleUnit) Complete(ctx context.Context, p idem.CompleteParams) error 
 		pl.SendQueryParams("BEGIN", nil, nil, nil, nil)
 		insertAt++
 	}
-	pl.SendQueryParams(query, values, singleInsertOIDs, singleInsertFormats, nil)
+	pl.SendQueryStatement(sd, values, singleInsertFormats, nil)
 	pl.SendQueryParams("COMMIT", nil, nil, nil, nil)
 	pl.SendQueryParams(singleUnlockSQL, [][]byte{strconv.AppendInt(nil, u.lock, 10)}, int8OIDs, nil, nil)
 	return u.endPipeline(pl, func(errs []error, tags []pgconn.CommandTag) error {
