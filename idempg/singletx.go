@@ -48,6 +48,15 @@ FROM (SELECT k.*, (k.state IS NULL OR k.expires_at <= now()
 			AND k.fingerprint IS NOT DISTINCT FROM $3::bytea)) AS claimable
 	FROM (SELECT) AS one LEFT JOIN idem_keys k ON k.tenant_id = $1 AND k.idem_key = $2) AS c`
 
+// singleHeldSQL tells whether a record holds the key, read in a
+// statement of its own after singleClaimSQL took the lock: that
+// statement's snapshot was taken before its lock, so a holder that
+// committed and unlocked between the two was not seen by it. Sent in the
+// same round trip.
+const singleHeldSQL = `SELECT EXISTS (SELECT FROM idem_keys WHERE tenant_id = $1 AND idem_key = $2
+	AND expires_at > now() AND (state = 'complete' OR locked_until > now() OR steps IS NOT NULL
+		OR fingerprint IS DISTINCT FROM $3::bytea))`
+
 // singleWaitSQL waits for the key's lock, at most $2 milliseconds
 // (lock_timeout, set for this statement's implicit transaction only: the
 // FROM clause is evaluated before the lock is asked for).
@@ -144,11 +153,22 @@ func (s *Store) ClaimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 		return idem.ClaimResult{}, nil, idem.NotApplied(err)
 	}
 	var r singleRow
-	if err := conn.QueryRow(ctx, singleClaimSQL, p.Tenant, p.Key, fingerprint, id).Scan(r.dest()...); err != nil {
+	var held bool
+	b := &pgx.Batch{}
+	b.Queue(singleClaimSQL, p.Tenant, p.Key, fingerprint, id).QueryRow(func(row pgx.Row) error { return row.Scan(r.dest()...) })
+	b.Queue(singleHeldSQL, p.Tenant, p.Key, fingerprint).QueryRow(func(row pgx.Row) error { return row.Scan(&held) })
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		// Whether the lock was taken is unknown: close the session, which
 		// frees it.
 		dropConn(conn)
 		return idem.ClaimResult{}, nil, interpretError(err)
+	}
+	if r.locked && held {
+		// The holder committed between the claim's snapshot and its
+		// lock: read the record under the lock, which gives it back.
+		if err := s.recheck(ctx, conn, p, fingerprint, id, &r); err != nil {
+			return idem.ClaimResult{}, nil, err
+		}
 	}
 	if r.claimable && !r.locked {
 		// Another execution holds the lock: wait for it, then read again.
@@ -208,6 +228,17 @@ func (s *Store) awaitLock(ctx context.Context, conn *pgxpool.Conn, p idem.ClaimP
 		dropConn(conn)
 		return interpretError(err)
 	}
+}
+
+// recheck reads the record again, under the key's lock, into r, and
+// releases the lock when the record holds the key.
+func (s *Store) recheck(ctx context.Context, conn *pgxpool.Conn, p idem.ClaimParams, fingerprint []byte, id int64, r *singleRow) error {
+	*r = singleRow{}
+	if err := conn.QueryRow(ctx, singleRecheckSQL, p.Tenant, p.Key, fingerprint, id).Scan(r.dest()...); err != nil {
+		dropConn(conn)
+		return interpretError(err)
+	}
+	return nil
 }
 
 // singleRow is what singleClaimSQL and singleRecheckSQL answer.

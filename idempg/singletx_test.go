@@ -301,3 +301,38 @@ func TestSingleTransactionHolderKilled(t *testing.T) {
 		t.Errorf("%d orders, want 1 (the dead holder's rolled back)", got)
 	}
 }
+
+// TestSingleTransactionPairsRunOnce sends many keys twice at one barrier,
+// with a handler that returns at once: the duplicate's claim then often
+// reads the key just before the first execution commits and asks for the
+// lock just after. The handler must still run once per key (an effect it
+// had outside the transaction would otherwise happen twice), and both
+// requests get the answer.
+func TestSingleTransactionPairsRunOnce(t *testing.T) {
+	e, eng := newSingleEnv(t, 8)
+	const keys = 400
+	var runs atomic.Int32
+	failures := 0
+	for k := range keys {
+		op := idem.Operation{Key: fmt.Sprintf("pair-%d", k), Fingerprint: []byte("f"), WaitInFlight: 10 * time.Second}
+		errs := make([]error, 2)
+		atonce.Run(2, func(i int) {
+			_, errs[i] = eng.Do(context.Background(), op, func(ctx context.Context) (idem.Result, error) {
+				runs.Add(1)
+				return idem.Result{Status: 201}, insertOrder(ctx, op.Key)
+			})
+		})
+		for _, err := range errs {
+			if err != nil {
+				failures++
+				t.Logf("key %d: %v", k, err)
+			}
+		}
+	}
+	if n := runs.Load(); n != keys || failures != 0 {
+		t.Errorf("the handler ran %d times for %d keys sent twice each, %d requests failed; want %d runs, no failure", n, keys, failures, keys)
+	}
+	if n := e.heldLocks(t); n != 0 {
+		t.Errorf("%d advisory locks still held by idle pool connections", n)
+	}
+}
