@@ -340,6 +340,10 @@ func (u *singleUnit) Complete(ctx context.Context, p idem.CompleteParams) error 
 	// planning the INSERT on every request cost the backend more than its
 	// execution.
 	sd, err := u.conn.Conn().Prepare(ctx, name, query)
+	var unlock *pgconn.StatementDescription
+	if err == nil {
+		unlock, err = u.conn.Conn().Prepare(ctx, "idem_single_unlock", singleUnlockSQL)
+	}
 	if err != nil {
 		u.unlockAndRelease(ctx)
 		return interpretError(err)
@@ -357,7 +361,7 @@ func (u *singleUnit) Complete(ctx context.Context, p idem.CompleteParams) error 
 	}
 	pl.SendQueryStatement(sd, values, singleInsertFormats, nil)
 	pl.SendQueryParams("COMMIT", nil, nil, nil, nil)
-	pl.SendQueryParams(singleUnlockSQL, [][]byte{strconv.AppendInt(nil, u.lock, 10)}, int8OIDs, nil, nil)
+	pl.SendQueryStatement(unlock, [][]byte{strconv.AppendInt(nil, u.lock, 10)}, nil, nil)
 	return u.endPipeline(pl, func(errs []error, tags []pgconn.CommandTag) error {
 		for _, err := range errs[:insertAt] {
 			if err != nil {
