@@ -102,17 +102,13 @@ SELECT 1 / count(*)::int FROM w`
 // singleUnlockSQL releases the key's lock.
 const singleUnlockSQL = `SELECT pg_advisory_unlock($1)`
 
-// The parameter types and formats of singleInsertSQL, given so that the
-// server needs no Describe round trip: the fingerprint and the body go as
-// raw bytes.
-var (
-	singleInsertOIDs = []uint32{
-		pgtype.TextOID, pgtype.TextOID, pgtype.ByteaOID, pgtype.Int8OID, pgtype.Int2OID,
-		pgtype.Int4OID, pgtype.JSONBOID, pgtype.ByteaOID, pgtype.TextOID, pgtype.Int8OID,
-	}
-	singleInsertFormats = []int16{0, 0, 1, 0, 0, 0, 0, 1, 0, 0}
-	int8OIDs            = []uint32{pgtype.Int8OID}
-)
+// singleInsertFormats are the parameter formats of singleInsertSQL: the
+// fingerprint and the body go as raw bytes, the rest as text.
+var singleInsertFormats = []int16{0, 0, 1, 0, 0, 0, 0, 1, 0, 0}
+
+// int8OIDs types the one parameter of singleUnlockSQL when it is sent
+// unprepared, so that the server needs no Describe round trip.
+var int8OIDs = []uint32{pgtype.Int8OID}
 
 // lockID names the advisory lock of (tenant, key): 64 bits of FNV-1a over
 // both, separated by a NUL byte, which neither may hold. Two keys that
