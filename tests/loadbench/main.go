@@ -80,7 +80,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	withSingle := fs.Bool("single", false, "also measure (f) and (g): idem in the single-transaction mode (idempg Config.SingleTransaction), fresh keys and replays, and its duplicate pairs")
 	withWriteOnce := fs.Bool("writeonce", false, "also measure (w): the record written once without a lock, the unique index deciding between duplicates (not idem's design), and its duplicate pairs")
 	withRealistic := fs.Bool("realistic", false, "also measure (ra), (rb) and, with -single, (rf): a handler of three statements and 1 ms of waiting, bare and behind idem; their ratios are against (ra)")
-	only := fs.String("only", "", "comma-separated scenarios to run (a,b,b',c,d), for profiling one of them; default all")
+	only := fs.String("only", "", "comma-separated scenarios to run (a,b,b',c,d, and e,f,g,w,ra,rb,rf with their flags), for profiling one of them or comparing a few; default all")
 	costRuns := fs.Int("cost", 2000, "runs of each piece in the serial cost measurement; 0 skips it")
 	profile := fs.String("cpuprofile", "", "file for a CPU profile of the measured rounds, labelled by route (server) and scenario (clients): go tool pprof -tagfocus route=/idem/orders")
 	if err := fs.Parse(args); err != nil {
