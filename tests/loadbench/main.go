@@ -7,7 +7,12 @@
 // fresh key per request; (c) the same route replaying completed keys; (d)
 // a naive check-then-write; with -onetx, (e) a claim inside the business
 // transaction, for comparison; with -variant, (b') route (b) on a schema
-// altered by the given SQL.
+// altered by the given SQL; with -single, (f) and (g), idem in the
+// single-transaction mode (fresh keys, replays); with -writeonce, (w), the
+// record written once with no lock, the unique index deciding; with
+// -realistic, (ra), (rb) and (rf), a handler of three statements and 1 ms
+// of waiting, bare, behind idem, and behind idem in the single-transaction
+// mode, their ratios taken against (ra).
 //
 // Clients drive every scenario for a fixed duration per round, in slices
 // that alternate between the scenarios, and every figure is reported as a
