@@ -38,21 +38,22 @@ type execState struct {
 
 	// Recovery points: those recorded by earlier executions, and those of
 	// this one, under mu since a handler may run steps concurrently.
-	steps StepStore // nil when the store keeps none
-	// stepsRefused is what Step returns when steps is nil, when the
-	// engine has a more precise reason than ErrStepsUnsupported.
-	stepsRefused error
-	saveTimeout  time.Duration
-	storeTracer  StoreTracer // the engine's, when it traces store calls
-	mu           sync.Mutex
-	recorded     []RecordedStep
-	savedSteps   bool // this execution recorded a step
-	ended        bool // the handler returned: no step may begin
+	steps       StepStore // nil when the store keeps none
+	saveTimeout time.Duration
+	storeTracer StoreTracer // the engine's, when it traces store calls
+	mu          sync.Mutex
+	recorded    []RecordedStep
+	savedSteps  bool // this execution recorded a step
+	ended       bool // the handler returned: no step may begin
 	// stepsRunning counts the steps whose function runs or whose record is
 	// being saved.
 	stepsRunning sync.WaitGroup
 	// unsavedStep is the error of a step that ran but was not recorded.
 	unsavedStep atomic.Pointer[error]
+
+	// stepsRefused is what Step returns when steps is nil, when the
+	// engine has a more precise reason than ErrStepsUnsupported.
+	stepsRefused error
 }
 
 // execKey is the context key under which a run context answers its
