@@ -106,8 +106,11 @@ type Engine struct {
 	info   StoreInfo
 	config Config
 	steps  StepStore // the store, when it keeps recovery points
-	keeper *keeper   // nil when the heartbeat is off
-	late   *lateReleases
+	// unitClaimer is the store, when it claims inside the unit of work
+	// (StoreInfo.SingleTransaction).
+	unitClaimer UnitClaimer
+	keeper      *keeper // nil when the heartbeat is off
+	late        *lateReleases
 
 	tracer      Tracer      // nil: not traced
 	storeTracer StoreTracer // the tracer, when it observes store calls
@@ -131,6 +134,11 @@ func NewEngine(store Store, config *Config) (*Engine, error) {
 		idle:   make(chan struct{}, 1),
 	}
 	e.steps, _ = store.(StepStore)
+	if uc, ok := store.(UnitClaimer); ok && e.info.SingleTransaction {
+		// The database's lock is the lease: nothing to extend, and no
+		// record outlives the transaction to hold recovery points.
+		e.unitClaimer, e.steps, e.config.Heartbeat = uc, nil, -1
+	}
 	e.tracer = e.config.Tracer
 	e.storeTracer, _ = e.tracer.(StoreTracer)
 	e.leaseTracer, _ = e.tracer.(LeaseTracer)
@@ -284,6 +292,9 @@ func (e *Engine) do(ctx context.Context, op Operation, fn func(ctx context.Conte
 		return Outcome{}, ErrClosed
 	}
 	defer e.exit()
+	if e.unitClaimer != nil {
+		return e.doInUnit(ctx, op, fn, t)
+	}
 	token := newToken()
 	claim, err := e.claim(ctx, e.claimParams(op, token))
 	if err != nil {
@@ -307,7 +318,7 @@ func (e *Engine) do(ctx context.Context, op Operation, fn func(ctx context.Conte
 		}
 		e.tookOver(ctx, op, &claim)
 	}
-	return e.run(ctx, op, token, &claim, fn, t)
+	return e.run(ctx, op, token, &claim, nil, fn, t)
 }
 
 // decide answers a lost claim from the record that holds the key.
@@ -335,16 +346,23 @@ type execution struct {
 	held  *lease // nil when the heartbeat is off
 }
 
-func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *ClaimResult, fn func(ctx context.Context) (Result, error), t *opTrace) (Outcome, error) {
-	unit, err := e.begin(ctx)
-	if err != nil {
-		e.release(ctx, op, token)
-		return Outcome{}, storeError("begin", err)
+// run runs fn under a won claim, in unit when the claim began it
+// (UnitClaimer), else in a unit of work begun here.
+func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *ClaimResult, unit UnitOfWork, fn func(ctx context.Context) (Result, error), t *opTrace) (Outcome, error) {
+	if unit == nil {
+		var err error
+		if unit, err = e.begin(ctx); err != nil {
+			e.release(ctx, op, token)
+			return Outcome{}, storeError("begin", err)
+		}
 	}
 	x := &execution{e: e, ctx: ctx, op: op, token: token, unit: unit}
 	x.rc = newRunCtx(unit.Context(ctx))
 	x.rc.exec.info = Execution{Tenant: op.Tenant, Key: op.Key, LeaseToken: token, Store: e.info.Name, Takeover: claim.Takeover}
 	x.rc.exec.steps, x.rc.exec.saveTimeout, x.rc.exec.storeTracer = e.steps, e.config.CleanupTimeout, e.storeTracer
+	if e.unitClaimer != nil {
+		x.rc.exec.stepsRefused = ErrStepsSingleTransaction
+	}
 	if n := len(claim.Steps); n > 0 {
 		x.rc.exec.recorded = claim.Steps
 		x.rc.exec.info.RecoveryPoint = claim.Steps[n-1].Name
@@ -463,7 +481,15 @@ func (x *execution) cancelled(res Result, err error) (Outcome, error) {
 // complete stores res and commits the unit of work.
 func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 	e := x.e
-	if x.rc.exec.rollbackWrites.Load() && e.info.Transactional {
+	withoutWrites := x.rc.exec.rollbackWrites.Load() && e.info.Transactional
+	if withoutWrites && e.unitClaimer != nil {
+		// The claim is in the unit of work: rolling it back would free
+		// the key. The unit rolls the writes back and stores the answer
+		// alone itself (CompleteParams.WithoutWrites).
+		err := e.completeUnit(ctx, x.unit, CompleteParams{Tenant: x.op.Tenant, Key: x.op.Key, Token: x.token, Result: res, WithoutWrites: true})
+		return x.completed(ctx, res, err)
+	}
+	if withoutWrites {
 		// Store the answer without the business writes: roll them back and
 		// complete in a unit of work of its own.
 		if err := e.rollbackUnit(ctx, x.unit); err != nil {
@@ -478,6 +504,12 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 		x.unit = next
 	}
 	err := e.completeUnit(ctx, x.unit, CompleteParams{Tenant: x.op.Tenant, Key: x.op.Key, Token: x.token, Result: res})
+	return x.completed(ctx, res, err)
+}
+
+// completed ends an execution after its Complete returned err.
+func (x *execution) completed(ctx context.Context, res Result, err error) (Outcome, error) {
+	e := x.e
 	if err == nil {
 		return Outcome{Result: res}, nil
 	}

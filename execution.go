@@ -50,6 +50,10 @@ type execState struct {
 	stepsRunning sync.WaitGroup
 	// unsavedStep is the error of a step that ran but was not recorded.
 	unsavedStep atomic.Pointer[error]
+
+	// stepsRefused is what Step returns when steps is nil, when the
+	// engine has a more precise reason than ErrStepsUnsupported.
+	stepsRefused error
 }
 
 // execKey is the context key under which a run context answers its

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -161,7 +162,7 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		return zero, errors.New("idem: Step needs a name")
 	}
 	if st.steps == nil {
-		return zero, ErrStepsUnsupported
+		return zero, cmp.Or(st.stepsRefused, ErrStepsUnsupported)
 	}
 	if value, ok := st.recordedStep(name); ok {
 		var out T

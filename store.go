@@ -87,6 +87,12 @@ type StoreInfo struct {
 	// key because of a cancellation or a failed completion, since a retry
 	// would do those effects a second time.
 	Transactional bool
+
+	// SingleTransaction is true when the store claims a key as the first
+	// statement of the unit of work (see UnitClaimer): the engine then
+	// claims through ClaimUnit, runs no heartbeat and refuses recovery
+	// points. The store must implement UnitClaimer.
+	SingleTransaction bool
 }
 
 // UnitOfWork is one unit of work: the handler's business writes and the
@@ -158,6 +164,12 @@ type CompleteParams struct {
 	Key    string
 	Token  int64
 	Result Result
+	// WithoutWrites asks the unit of work to roll the handler's writes
+	// back and store Result alone (idem.RollbackWrites). The engine sets
+	// it only on a unit that a UnitClaimer began, whose claim would roll
+	// back with the writes; on other stores it rolls back and completes
+	// in a new unit of work itself.
+	WithoutWrites bool
 }
 
 // ExtendParams are the arguments of Store.Extend.

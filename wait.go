@@ -157,7 +157,7 @@ func (e *Engine) waiterClaim(ctx context.Context, op Operation, fn func(ctx cont
 			}
 			e.tookOver(ctx, op, &claim)
 		}
-		out, err := e.run(ctx, op, token, &claim, fn, t)
+		out, err := e.run(ctx, op, token, &claim, nil, fn, t)
 		return out, true, err
 	}
 	if waitable(claim.Record, op.Fingerprint) {

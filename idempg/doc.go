@@ -113,6 +113,54 @@
 // within a quarter of a second. The poller reads a record's state alone
 // (Store.GetState), never its result or its steps, until it completed.
 //
+// # Single-transaction mode
+//
+// With Config.SingleTransaction, nothing is committed before the handler
+// runs: the claim takes a PostgreSQL advisory lock named after the key, on
+// the connection that then runs the handler's transaction, and the
+// completed record is inserted, once, with the handler's writes, just
+// before the COMMIT; the lock is released right after it, in the same
+// round trip. A fresh request costs one commit, as the bare handler does;
+// a replay is one read. The lock is the lease: when the process holding
+// it dies, its connection closes, PostgreSQL rolls the transaction back
+// and frees the key, and the next retry runs at once (no lease to wait
+// out, no takeover, no heartbeat).
+//
+//	store, _ := idempg.NewStore(pool, &idempg.Config{SingleTransaction: true})
+//	engine, _ := idem.NewEngine(store, nil)
+//	mw, _ := idemhttp.NewMiddleware(engine, &idemhttp.Config{WaitInFlight: 5 * time.Second, …})
+//
+// A duplicate that arrives while the first execution runs waits for its
+// lock, at most its operation's WaitInFlight (idemhttp's
+// Config.WaitInFlight), then gets the first execution's answer replayed,
+// or runs if the first rolled back; past the wait, or at once without one,
+// idem.ErrInFlight (409 with Retry-After). What the mode gives up:
+//
+//   - an execution in flight is invisible until it commits: Get, idem
+//     inspect and the console see a key only once it is complete, and
+//     there is nothing in flight to release by hand (end the holder's
+//     backend instead);
+//   - recovery points: idem.Step fails with idem.ErrStepsSingleTransaction
+//     before its function runs, since a step's record would roll back
+//     with the crash it is for; keep handlers with steps in the default
+//     mode;
+//   - every execution holds a pool connection from its claim to its end,
+//     and a waiting duplicate holds one while it waits: size the pool for
+//     the executions and the waiters together;
+//   - a handler that calls another service is protected as in the default
+//     mode while its process lives (a duplicate waits instead of running),
+//     but after a crash the retry runs at once, not after a lease.
+//
+// The lock lives in the session, so the handler's own Rollback (or
+// idem.RollbackWrites, or an answer over an aborted transaction) keeps it
+// until its answer is stored alone. Lock names are 64-bit hashes of the
+// tenant and the key in pg_advisory_lock's one-argument space: an
+// application that uses that space too may, once in 2^64, wait on a key's
+// lock. Store.Claim, called directly, still claims as the default mode
+// does (a committed in-flight record, under a lease), which the mode's
+// claims respect. docs/BENCHMARKS.md measures the mode against the
+// alternatives.
+//
 // # Your own transaction
 //
 // Callers that run their own transaction (a job queue's, a message

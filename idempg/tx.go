@@ -59,6 +59,9 @@ type unit struct {
 	state atomic.Int32
 	// handle is what TxFromContext returns, allocated with the unit.
 	handle handlerTx
+	// keepConn: the connection outlives the handler's Rollback, since it
+	// holds the key's lock (singleUnit, the single-transaction mode).
+	keepConn bool
 }
 
 // Context implements idem.UnitOfWork.
@@ -87,6 +90,10 @@ func (u *unit) rollback(ctx context.Context) error {
 		// destroys a connection that is not idle, so no transaction leaks
 		// into the pool.
 		err = u.tx.Rollback(ctx)
+	}
+	if u.keepConn {
+		u.tx = nil
+		return err
 	}
 	u.conn.Release()
 	u.conn = nil

@@ -77,6 +77,9 @@ type serveOpts struct {
 	readTimeout, writeTimeout, idleTimeout time.Duration
 	// metricsAddr is where GET /metrics listens; "" serves it on addr.
 	metricsAddr string
+	// singleTransaction claims inside the order's transaction
+	// (idempg.Config.SingleTransaction).
+	singleTransaction bool
 }
 
 const serveHelp = `Usage: idem serve [flags]
@@ -120,6 +123,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	durationVar(fs, &opts.readTimeout, "read-timeout", defaultReadTimeout, "close a connection whose request (headers and body) takes longer to arrive")
 	durationVar(fs, &opts.writeTimeout, "write-timeout", 0, "close a connection whose answer is not sent this long after its request's headers\n(default --read-timeout + --handler-delay + --wait-in-flight + 30s)")
 	durationVar(fs, &opts.idleTimeout, "idle-timeout", defaultIdleTimeout, "close a kept-alive connection idle this long")
+	fs.BoolVar(&opts.singleTransaction, "single-transaction", false, singleTransactionHelp)
 	fs.StringVar(&opts.metricsAddr, "metrics-addr", "", "serve GET /metrics on this `host:port` (port 0 picks a free one) instead of on --addr")
 	if err := parseFlags(fs, serveHelp, args, stdout); err != nil {
 		return err
@@ -174,6 +178,9 @@ func (o *serveOpts) check() error {
 		}
 		return usagef("--write-timeout %s leaves no time to answer after --read-timeout %s and --handler-delay %s; make it longer than their sum",
 			o.writeTimeout, o.readTimeout, o.handlerDelay)
+	}
+	if o.singleTransaction && o.keys != "" {
+		return usagef("--single-transaction claims in the order's own transaction: it cannot keep the records in Redis (--keys)")
 	}
 	if o.keys != "" {
 		if err := checkKeysURL(o.keys); err != nil {
@@ -238,6 +245,9 @@ func buildServer(ctx, hardStop context.Context, c *conn, opts *serveOpts, logger
 			return nil, fmt.Errorf("migrate the idempotency records table: %w", err)
 		}
 		ks, err := c.keyStore()
+		if opts.singleTransaction {
+			ks, err = c.singleTransactionStore()
+		}
 		if err != nil {
 			return nil, err
 		}
