@@ -103,7 +103,7 @@
 //
 // Consumer records live under Tenant(consumer): a control character, then
 // "inbox:", then the consumer name. HTTP keys and consumer keys may share
-// an engine and a store (Config.Engine): no HTTP tenant can be spelled
+// an engine and a store (NewInbox takes the engine): no HTTP tenant can be spelled
 // that way, so a request can never claim, replay or block a message's
 // key, whatever names either side uses.
 //

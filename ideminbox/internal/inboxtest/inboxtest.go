@@ -95,3 +95,15 @@ func Count(ids []string) map[string]int {
 	}
 	return m
 }
+
+// Engine returns an engine over store with the default settings, closed
+// when the test ends: what ideminbox.NewInbox takes.
+func Engine(t testing.TB, store idem.Store) *idem.Engine {
+	t.Helper()
+	e, err := idem.NewEngine(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	return e
+}
