@@ -18,7 +18,8 @@ import (
 type Delivery interface {
 	// Message returns what the inbox needs of the delivery, or an error
 	// when it carries no usable id: the loop then terminates it (Term)
-	// without running it, and answers Reject with that error.
+	// without running it, and answers Reject with that error (the inbox's
+	// tracer sees a Reject; LoopConfig.ObserveFunc is not called).
 	Message() (Message, error)
 	// Ack acknowledges the delivery: the broker forgets the message.
 	Ack() error
@@ -279,8 +280,10 @@ func (l *Loop[D]) process(work, ctx context.Context, d D, inPlace bool) (Decisio
 	if err != nil {
 		// Without a key the message cannot be processed safely: running
 		// it would be the silent pass the inbox exists to prevent, and
-		// giving it back would loop forever.
-		return Decision{Action: Reject}, err
+		// giving it back would loop forever. The inbox answers a message
+		// without an id Reject, and its tracer counts it as such.
+		dec, _ := l.inbox.Process(work, Message{}, func(context.Context) error { return nil })
+		return dec, err
 	}
 	for {
 		dec, err := l.inbox.Process(work, msg, func(ctx context.Context) error { return l.config.Handler(ctx, d) })

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,6 +50,11 @@ func openDest(queueType, bug string) func(t *testing.T) inboxtest.Destination {
 		}
 		queue := testenv.Name()
 		args := amqp.Table{"x-queue-type": queueType}
+		if v, _ := conn.Properties["version"].(string); queueType == "quorum" && !strings.HasPrefix(v, "3.") {
+			// No delivery limit: RabbitMQ 4 gives a quorum queue 20 (and
+			// RabbitMQ 3, which has none, takes -1 for 0).
+			args[DeliveryLimitArg] = int64(-1)
+		}
 		if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
 			t.Fatalf("declare %s queue: %v", queueType, err)
 		}
@@ -74,6 +80,15 @@ func (d *dest) Pending(t testing.TB) int {
 		t.Fatalf("inspect queue: %v", err)
 	}
 	return q.Messages
+}
+
+// consumers returns how many consumers the queue has.
+func (d *dest) consumers(t testing.TB) int {
+	q, err := d.ch.QueueDeclarePassive(d.queue, true, false, false, false, d.args)
+	if err != nil {
+		t.Fatalf("inspect queue: %v", err)
+	}
+	return q.Consumers
 }
 
 func (d *dest) Consume(t testing.TB, inbox *ideminbox.Inbox, handler func(ctx context.Context, id string) error) func() {
@@ -110,9 +125,20 @@ func (d *dest) Consume(t testing.TB, inbox *ideminbox.Inbox, handler func(ctx co
 		}
 		runMutant(ctx, inbox, deliveries, h, d.bug)
 	}()
+	var once sync.Once
 	kill := func() {
-		conn.Close() // as a crash: the unacknowledged deliveries return to the queue
-		cancel()
+		once.Do(func() {
+			before := d.consumers(t)
+			conn.Close() // as a crash: the unacknowledged deliveries return to the queue
+			cancel()
+			// The broker returns them as it drops the consumer, which a quorum
+			// queue does after the connection has closed: wait for that, so
+			// that a count after kill sees them.
+			deadline := time.Now().Add(10 * time.Second)
+			for d.consumers(t) >= before && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
 	}
 	t.Cleanup(func() {
 		kill()
@@ -129,6 +155,7 @@ var mutants = map[string]string{
 	"neverAck":         "Duplicates",               // never releases a processed message
 	"keyPerDelivery":   "Duplicates",               // keys on the delivery, not the message: copies differ
 	"attemptAlwaysOne": "Poison",                   // reports every delivery as the first
+	"termRequeues":     "NoIDRejected",             // gives a message without an id back to run again
 }
 
 // mutantDelivery is the adapter's delivery with one bug planted.
@@ -158,6 +185,13 @@ func (m mutantDelivery) Ack() error {
 		return nil
 	}
 	return m.delivery.Ack()
+}
+
+func (m mutantDelivery) Term() error {
+	if m.bug == "termRequeues" {
+		return m.delivery.Nak(0)
+	}
+	return m.delivery.Term()
 }
 
 func (m mutantDelivery) Nak(delay time.Duration) error {

@@ -132,6 +132,7 @@ var mutants = map[string]string{
 	"neverAck":         "Duplicates",               // never releases a processed message
 	"keyPerDelivery":   "Duplicates",               // keys on the stream sequence: copies differ
 	"attemptAlwaysOne": "Poison",                   // reports every delivery as the first
+	"termRequeues":     "NoIDRejected",             // gives a message without an id back to run again
 }
 
 // mutantDelivery is the adapter's delivery with one bug planted.
@@ -160,6 +161,13 @@ func (m mutantDelivery) Ack() error {
 		return nil
 	}
 	return m.delivery.Ack()
+}
+
+func (m mutantDelivery) Term() error {
+	if m.bug == "termRequeues" {
+		return m.delivery.Nak(0)
+	}
+	return m.delivery.Term()
 }
 
 func (m mutantDelivery) Nak(delay time.Duration) error {

@@ -19,9 +19,10 @@ import (
 // consumer, a RabbitMQ queue), with no delivery limit, and the few calls
 // the suite makes on it.
 type Destination interface {
-	// Publish sends a message whose id (the inbox's key) is id. Copies of
-	// one id must all be delivered: the broker's own deduplication of
-	// publishes, if any, must not see them.
+	// Publish sends a message whose id (the inbox's key) is id, or a
+	// message without any id when id is "". Copies of one id must all be
+	// delivered: the broker's own deduplication of publishes, if any, must
+	// not see them.
 	Publish(t testing.TB, id string, data []byte)
 
 	// Consume starts one consumer instance of the adapter (its own
@@ -54,6 +55,9 @@ type Destination interface {
 //   - KillRedelivers: an instance killed while its handler runs gives the
 //     message back; the redelivery finds the committed effect and is
 //     acknowledged as a duplicate, without a second effect.
+//   - NoIDRejected: a message published without an id (Publish with id
+//     "") never runs, and is given back for good: the broker holds it no
+//     more.
 //
 // A case runs each instance with its own store connections, as a separate
 // process would.
@@ -62,6 +66,7 @@ func ExerciseAdapter(t *testing.T, open func(t *testing.T) Destination) {
 	t.Run("FailedHandlerRedelivered", func(t *testing.T) { adapterRedelivered(newAdapterCase(t, open, 5)) })
 	t.Run("Poison", func(t *testing.T) { adapterPoison(newAdapterCase(t, open, 3)) })
 	t.Run("KillRedelivers", func(t *testing.T) { adapterKill(newAdapterCase(t, open, 5)) })
+	t.Run("NoIDRejected", func(t *testing.T) { adapterNoID(newAdapterCase(t, open, 5)) })
 }
 
 // adapterCase is one case: its destination, its database, and what every
@@ -335,6 +340,29 @@ func adapterKill(c *adapterCase) {
 	c.settled()
 	if n := c.effects("order-4"); n != 1 {
 		c.t.Fatalf("%d effects, want 1 (decisions %v)", n, c.decisionsOf("order-4"))
+	}
+}
+
+func adapterNoID(c *adapterCase) {
+	var (
+		mu   sync.Mutex
+		runs int
+	)
+	c.start(func(ctx context.Context, id string) error {
+		mu.Lock()
+		runs++
+		mu.Unlock()
+		return c.effect(ctx, id)
+	})
+	c.dest.Publish(c.t, "", []byte(`{"id":5}`))
+	c.eventually("the message without an id rejected", func() bool {
+		return slicesContains(c.decisionsOf(""), ideminbox.Reject)
+	})
+	c.settled()
+	mu.Lock()
+	defer mu.Unlock()
+	if runs != 0 {
+		c.t.Fatalf("a message without an id ran %d times, want never (decisions %v)", runs, c.decisionsOf(""))
 	}
 }
 
