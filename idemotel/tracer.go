@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemclient"
+	"github.com/idem-go/idem/ideminbox"
 )
 
 // ScopeName is the instrumentation scope of the spans and metrics.
@@ -185,7 +186,7 @@ var (
 	_ idem.LeaseTracer        = (*Tracer)(nil)
 	_ idem.PurgeTracer        = (*Tracer)(nil)
 	_ idem.RequestTracer      = (*Tracer)(nil)
-	_ idem.MessageTracer      = (*Tracer)(nil)
+	_ ideminbox.MessageTracer = (*Tracer)(nil)
 	_ idemclient.ClientTracer = (*Tracer)(nil)
 )
 
@@ -446,10 +447,10 @@ func (t *Tracer) TraceRequestEnd(ctx context.Context, d idem.TraceRequestEndData
 	span.End()
 }
 
-// TraceMessageStart implements idem.MessageTracer: a consumer span
+// TraceMessageStart implements ideminbox.MessageTracer: a consumer span
 // "idem.message", which the engine's operation reports on and the
 // handler's spans are children of.
-func (t *Tracer) TraceMessageStart(ctx context.Context, d idem.TraceMessageStartData) context.Context {
+func (t *Tracer) TraceMessageStart(ctx context.Context, d ideminbox.TraceMessageStartData) context.Context {
 	ctx, span := t.tracer.Start(ctx, "idem.message", trace.WithSpanKind(trace.SpanKindConsumer))
 	if span.IsRecording() {
 		span.SetAttributes(KeyConsumer.String(d.Consumer), KeyDestination.String(d.Subject))
@@ -457,13 +458,13 @@ func (t *Tracer) TraceMessageStart(ctx context.Context, d idem.TraceMessageStart
 	return &frontCtx{Context: ctx, span: span}
 }
 
-// TraceMessageEnd implements idem.MessageTracer.
-func (t *Tracer) TraceMessageEnd(ctx context.Context, d idem.TraceMessageEndData) {
+// TraceMessageEnd implements ideminbox.MessageTracer.
+func (t *Tracer) TraceMessageEnd(ctx context.Context, d ideminbox.TraceMessageEndData) {
 	t.inbox.Add(ctx, 1, t.consumer(d.Consumer).action(d.Action))
 	span := trace.SpanFromContext(ctx)
 	if span.IsRecording() {
-		span.SetAttributes(KeyInboxAction.String(d.Action), KeyOutcome.String(d.Action))
-		if d.Err != nil && d.Action != "ack" && d.Action != "ack-duplicate" {
+		span.SetAttributes(KeyInboxAction.String(d.Action.String()), KeyOutcome.String(d.Action.String()))
+		if d.Err != nil && d.Action != ideminbox.Ack && d.Action != ideminbox.AckDuplicate {
 			span.RecordError(d.Err)
 		}
 	}
@@ -590,26 +591,25 @@ func (t *Tracer) route(method, route string) *routeSets {
 // consumerSets are the attribute sets of one inbox consumer.
 type consumerSets struct {
 	name    string
-	actions map[string]metric.MeasurementOption
+	actions []metric.MeasurementOption // by ideminbox.Action
 }
-
-var inboxActions = []string{"ack", "ack-duplicate", "ack-poison", "nack", "reject", "hold"}
 
 func (t *Tracer) consumer(name string) *consumerSets {
 	return t.consumers.get(name, func() *consumerSets {
-		c := &consumerSets{name: name, actions: make(map[string]metric.MeasurementOption, len(inboxActions))}
-		for _, a := range inboxActions {
-			c.actions[a] = metric.WithAttributeSet(attribute.NewSet(KeyConsumer.String(name), KeyInboxAction.String(a)))
+		actions := ideminbox.Actions()
+		c := &consumerSets{name: name, actions: make([]metric.MeasurementOption, len(actions)+1)}
+		for _, a := range actions {
+			c.actions[a] = metric.WithAttributeSet(attribute.NewSet(KeyConsumer.String(name), KeyInboxAction.String(a.String())))
 		}
 		return c
 	})
 }
 
-func (c *consumerSets) action(a string) metric.MeasurementOption {
-	if o, ok := c.actions[a]; ok {
-		return o
+func (c *consumerSets) action(a ideminbox.Action) metric.MeasurementOption {
+	if int(a) < len(c.actions) && c.actions[a] != nil {
+		return c.actions[a]
 	}
-	return metric.WithAttributes(KeyConsumer.String(c.name), KeyInboxAction.String(a))
+	return metric.WithAttributes(KeyConsumer.String(c.name), KeyInboxAction.String(a.String()))
 }
 
 // cowMap is a map read without a lock: a copy is written, under mu, for
