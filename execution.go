@@ -41,10 +41,21 @@ type execState struct {
 	steps       StepStore // nil when the store keeps none
 	saveTimeout time.Duration
 	storeTracer StoreTracer // the engine's, when it traces store calls
-	mu          sync.Mutex
-	recorded    []RecordedStep
-	savedSteps  bool // this execution recorded a step
-	ended       bool // the handler returned: no step may begin
+	// fingerprint is the operation's, which DownstreamKey binds to.
+	fingerprint []byte
+	// checkStep is the unit of work's StepChecker, nil when it has none.
+	checkStep func(ctx context.Context) error
+	// The step budget (Config.MaxStepBytes, Config.MaxStepsBytes).
+	maxStep, maxSteps int
+	// lost is set once the engine knows the lease is lost: the heartbeat
+	// found it taken over, or the store refused a step for it. No step's
+	// function runs after that.
+	lost       atomic.Bool
+	mu         sync.Mutex
+	recorded   []RecordedStep
+	stepsBytes int  // encoded size of recorded, and of the saves under way
+	savedSteps bool // this execution recorded a step
+	ended      bool // the handler returned: no step may begin
 	// stepsRunning counts the steps whose function runs or whose record is
 	// being saved.
 	stepsRunning sync.WaitGroup
