@@ -406,8 +406,18 @@ func (x *execution) stopLease() (lost bool) {
 // finish decides what becomes of an execution whose function returned or
 // panicked.
 func (x *execution) finish(res Result, err error) (Outcome, error) {
-	lost := x.stopLease()
 	var panicked *PanicError
+	if x.savesLater() {
+		// A step ran and its record failed: the engine keeps the lease
+		// and records it later (saveLater). Whatever the handler
+		// answered is discarded, as below.
+		cause := *x.rc.exec.unsavedStep.Load()
+		if errors.As(err, &panicked) {
+			return Outcome{}, err
+		}
+		return Outcome{}, cause
+	}
+	lost := x.stopLease()
 	switch {
 	case lost:
 		// The heartbeat found the lease taken over, and cancelled the

@@ -61,6 +61,10 @@ type execState struct {
 	stepsRunning sync.WaitGroup
 	// unsavedStep is the error of a step that ran but was not recorded.
 	unsavedStep atomic.Pointer[error]
+	// pending are the steps that ran and whose record the store failed
+	// (not refused: the lease was not lost), under mu: the engine records
+	// them later, while it still holds the lease (see saveLater).
+	pending []RecordedStep
 }
 
 // execKey is the context key under which a run context answers its

@@ -237,6 +237,10 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		if errors.Is(err, ErrLeaseLost) {
 			// No later step may run: its record would be refused too.
 			st.lost.Store(true)
+		} else {
+			st.mu.Lock()
+			st.pending = append(st.pending, RecordedStep{Name: name, Value: value})
+			st.mu.Unlock()
 		}
 		return out, st.notSaved(fmt.Errorf("%w: step %q: %w", ErrStepNotSaved, name, err))
 	}

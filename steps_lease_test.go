@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -178,5 +179,61 @@ func TestDownstreamKeyBoundToRequest(t *testing.T) {
 	}
 	if first != same {
 		t.Errorf("the same request got downstream keys %q then %q", first, same)
+	}
+}
+
+// flakySteps is a memory store whose SaveStep fails the first times, as a
+// store that comes back after an outage does.
+type flakySteps struct {
+	*idemmem.Store
+	failures atomic.Int32
+}
+
+func (f *flakySteps) SaveStep(ctx context.Context, p idem.SaveStepParams) error {
+	if f.failures.Add(-1) >= 0 {
+		return errors.New("connection refused")
+	}
+	return f.Store.SaveStep(ctx, p)
+}
+
+// TestStepRecordedAfterHandler: a step that ran and whose record failed is
+// recorded later, while the engine keeps the lease: the retries are told
+// the key is in flight meanwhile, and the one that takes the key over
+// gets the step's result instead of running it again. Without the late
+// record, the takeover after the lease would charge the card again.
+func TestStepRecordedAfterHandler(t *testing.T) {
+	store := &flakySteps{Store: idemmem.NewStore(nil)}
+	store.failures.Store(3)
+	var logs logBuffer
+	e := newEngine(t, store, &idem.Config{Lease: 2 * time.Second, Heartbeat: 200 * time.Millisecond, Logger: logs.logger()})
+	defer e.Close(context.Background())
+	op := idem.Operation{Tenant: "acme", Key: "pay-1", Fingerprint: []byte("a")}
+	var charges atomic.Int32
+	pay := func(ctx context.Context) (idem.Result, error) {
+		id, err := idem.Step(ctx, "charge", func(context.Context) (string, error) {
+			return "ch_" + strconv.Itoa(int(charges.Add(1))), nil
+		})
+		return idem.Result{Status: 201, Body: []byte(id)}, err
+	}
+	if _, err := e.Do(context.Background(), op, pay); !errors.Is(err, idem.ErrStepNotSaved) {
+		t.Fatalf("Do = %v, want ErrStepNotSaved", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, err := e.Do(context.Background(), op, pay)
+		if errors.Is(err, idem.ErrInFlight) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if err != nil || string(out.Result.Body) != "ch_1" {
+			t.Fatalf("retry = %+v, %v; want the recorded ch_1", out, err)
+		}
+		break
+	}
+	if n := charges.Load(); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
+	}
+	if !strings.Contains(logs.String(), "recorded after the handler returned") {
+		t.Errorf("no log of the late record:\n%s", logs.String())
 	}
 }
