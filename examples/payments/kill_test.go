@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,15 +44,15 @@ func TestKillDuringCardCall(t *testing.T) {
 	db := database(t)
 	held := make(chan struct{})   // closed when the held charge arrives
 	unhold := make(chan struct{}) // closed to let it go on
-	var holdOnce sync.Once
+	var holding atomic.Bool
 	obs := &observer{}
 	network, cardURL := startNetwork(t, &cardnet.Config{ObserveFunc: func(e cardnet.Event) {
 		obs.observe(e)
-		if e.Kind == cardnet.Received {
-			holdOnce.Do(func() {
-				close(held)
-				<-unhold
-			})
+		// The first charge only (not a sync.Once, whose Do would hold
+		// every other call too).
+		if e.Kind == cardnet.Received && holding.CompareAndSwap(false, true) {
+			close(held)
+			<-unhold
 		}
 	}})
 	addr := freeAddr(t)
