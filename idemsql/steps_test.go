@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"net/url"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -810,4 +812,93 @@ func TestAsyncClaimRestoresSync(t *testing.T) {
 			t.Errorf("connection %d of %d: synchronous = %d after the claims, want 2 (FULL)", i, open, sync)
 		}
 	}
+}
+
+// TestSQLiteStepRecordedAfterLongHold: on SQLite, a step made before any
+// write whose record gives up (another key's handler holds the write lock
+// longer than the busy timeout) is recorded once the lock is free, while
+// the engine keeps the key: the duplicates meanwhile are told it is in
+// flight, and the one that takes it over gets the charge instead of
+// charging again.
+func TestSQLiteStepRecordedAfterLongHold(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	env := newTestDBAt(t, idemsql.SQLite, path)
+	// A busy timeout the test outlasts.
+	db := sqlOpen(t, "sqlite", "file:"+(&url.URL{Path: path}).EscapedPath()+"?_pragma=busy_timeout(200)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	defer db.Close()
+	store := must(idemsql.NewStore(db, idemsql.SQLite))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	engine := newEngine(t, store, &idem.Config{Lease: 30 * time.Second})
+	tenant := newName("tenant")
+	op := idem.Operation{Tenant: tenant, Key: "pay-1", Fingerprint: []byte("fp")}
+	var steps stepCounter
+	pay := func(ctx context.Context) (idem.Result, error) {
+		c, err := idem.Step(ctx, "charge", steps.charge)
+		if err != nil {
+			return idem.Result{}, err
+		}
+		tx := idemsql.TxFromContext(ctx)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO business (id) VALUES (?)`, "pay-1"); err != nil {
+			return idem.Result{}, err
+		}
+		return idem.Result{Status: 201, Body: []byte(c.ID)}, nil
+	}
+
+	claimed := make(chan struct{})
+	goOn := make(chan struct{})
+	payErr := make(chan error, 1)
+	go func() {
+		_, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
+			close(claimed)
+			<-goOn
+			return pay(ctx)
+		})
+		payErr <- err
+	}()
+	<-claimed
+	locked := make(chan error, 1)
+	unlock := make(chan struct{})
+	holder := make(chan error, 1)
+	go func() {
+		_, err := engine.Do(ctx, idem.Operation{Tenant: tenant, Key: "other"}, func(ctx context.Context) (idem.Result, error) {
+			_, err := idemsql.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO business (id) VALUES (?)`, "other")
+			locked <- err
+			<-unlock
+			return idem.Result{Status: 201}, err
+		})
+		holder <- err
+	}()
+	if err := <-locked; err != nil {
+		t.Fatal(err)
+	}
+	close(goOn)
+	if err := <-payErr; !errors.Is(err, idem.ErrStepNotSaved) {
+		t.Fatalf("Do whose step's record waited past the busy timeout = %v, want ErrStepNotSaved", err)
+	}
+	// A duplicate meanwhile: the key is held (or, its claim waiting past
+	// the busy timeout too, the store is unavailable); it never runs.
+	if _, err := engine.Do(ctx, op, pay); !errors.Is(err, idem.ErrInFlight) && !errors.Is(err, idem.ErrStore) {
+		t.Fatalf("a duplicate while the lock is held = %v, want ErrInFlight or a store error", err)
+	}
+	close(unlock)
+	if err := <-holder; err != nil {
+		t.Fatalf("the holder: %v", err)
+	}
+	for {
+		out, err := engine.Do(ctx, op, pay)
+		if errors.Is(err, idem.ErrInFlight) && ctx.Err() == nil {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if err != nil || string(out.Result.Body) != "ch_1" {
+			t.Fatalf("the retry after the lock was freed = %+v, %v; want the recorded charge", out, err)
+		}
+		break
+	}
+	if n := steps.runs.Load(); n != 1 {
+		t.Fatalf("the charge ran %d times, want once", n)
+	}
+	mustCount(t, env, "pay-1", 1)
 }
