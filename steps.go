@@ -157,9 +157,13 @@ func cutField(b []byte) (field, rest []byte, err error) {
 // return from the handler at once. Whatever the handler answers then,
 // even if it panics, Engine.Do discards the answer, stores nothing and
 // returns the ErrStepNotSaved error (idemhttp answers 503 itself, with
-// Retry-After), and the engine keeps the key in flight until its lease
-// ends, instead of releasing it to a retry that would repeat the effect
-// at once. When the store refused the record because the key was taken
+// Retry-After), and the engine keeps the key in flight instead of
+// releasing it to a retry that would repeat the effect at once: while the
+// heartbeat holds the lease, it goes on trying to record the step after
+// the handler returned (for up to one more Lease, the lease kept
+// extended), then gives the key to the retry, which gets the step's
+// result; without a heartbeat, or when the tries fail, the key stays in
+// flight until its lease ends. When the store refused the record because the key was taken
 // over, the error wraps ErrLeaseLost too: the key is the takeover's, and
 // Do returns that error as a lost lease.
 //
