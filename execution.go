@@ -65,6 +65,9 @@ type execState struct {
 	// (not refused: the lease was not lost), under mu: the engine records
 	// them later, while it still holds the lease (see saveLater).
 	pending []RecordedStep
+	// unrecordable is set when a step ran whose record no try can make
+	// (its result does not encode, or passes the budget).
+	unrecordable atomic.Bool
 }
 
 // execKey is the context key under which a run context answers its

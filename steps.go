@@ -217,10 +217,12 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	}
 	value, err := json.Marshal(out)
 	if err != nil {
+		st.unrecordable.Store(true)
 		return out, st.notSaved(fmt.Errorf("%w: step %q: its result does not encode as JSON: %w", ErrStepNotSaved, name, err))
 	}
 	size, err := st.reserve(name, value)
 	if err != nil {
+		st.unrecordable.Store(true)
 		return out, st.notSaved(err)
 	}
 	// The effect happened: record it even if the caller's context ended
