@@ -546,11 +546,19 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 	return Outcome{}, storeError("complete", err)
 }
 
-// stepLostLease returns the error of a step whose record the store
-// refused because the lease was lost, nil when there is none.
+// stepLostLease returns, when a step ran and was not recorded and the
+// lease is known lost (the store refused that step's record, or a later
+// one's, after a takeover), the error to end the execution with, wrapping
+// ErrLeaseLost; nil otherwise.
 func (x *execution) stepLostLease() error {
-	if p := x.rc.exec.unsavedStep.Load(); p != nil && errors.Is(*p, ErrLeaseLost) {
+	p := x.rc.exec.unsavedStep.Load()
+	switch {
+	case p == nil:
+		return nil
+	case errors.Is(*p, ErrLeaseLost):
 		return *p
+	case x.rc.exec.lost.Load():
+		return fmt.Errorf("%w; before that, %w", ErrLeaseLost, *p)
 	}
 	return nil
 }

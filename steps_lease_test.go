@@ -237,3 +237,41 @@ func TestStepRecordedAfterHandler(t *testing.T) {
 		t.Errorf("no log of the late record:\n%s", logs.String())
 	}
 }
+
+// scriptedSteps is a memory store whose SaveStep fails as its script says,
+// by step name.
+type scriptedSteps struct {
+	*idemmem.Store
+	errs map[string]error
+}
+
+func (s scriptedSteps) SaveStep(ctx context.Context, p idem.SaveStepParams) error {
+	if err := s.errs[p.Name]; err != nil {
+		return err
+	}
+	return s.Store.SaveStep(ctx, p)
+}
+
+// TestStepLeaseLostAfterUnsaved: a step whose record failed, then one the
+// store refused for a lost lease: the execution ends as a lost lease, not
+// as a key said to stay in flight.
+func TestStepLeaseLostAfterUnsaved(t *testing.T) {
+	store := scriptedSteps{idemmem.NewStore(nil), map[string]error{
+		"a": errors.New("connection reset"),
+		"b": idem.ErrLeaseLost,
+	}}
+	var logs logBuffer
+	e := newEngine(t, store, &idem.Config{Heartbeat: -1, Logger: logs.logger()})
+	_, err := e.Do(context.Background(), idem.Operation{Key: "k"}, func(ctx context.Context) (idem.Result, error) {
+		for _, name := range []string{"a", "b"} {
+			_, _ = idem.Step(ctx, name, func(context.Context) (int, error) { return 1, nil })
+		}
+		return idem.Result{Status: 201}, nil
+	})
+	if !errors.Is(err, idem.ErrLeaseLost) {
+		t.Errorf("Do = %v, want ErrLeaseLost", err)
+	}
+	if strings.Contains(logs.String(), keepInFlightLog) {
+		t.Errorf("the engine says the key stays in flight after losing its lease:\n%s", logs.String())
+	}
+}
