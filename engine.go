@@ -16,6 +16,11 @@ const (
 	DefaultLease      = 90 * time.Second
 	DefaultRetention  = 24 * time.Hour
 	DefaultRetryAfter = time.Second
+
+	// DefaultMaxStepBytes and DefaultMaxStepsBytes are the defaults of
+	// Config.MaxStepBytes and Config.MaxStepsBytes.
+	DefaultMaxStepBytes  = 64 << 10
+	DefaultMaxStepsBytes = 256 << 10
 )
 
 // Config configures an Engine. The zero value of every field means its
@@ -45,8 +50,26 @@ type Config struct {
 	// CleanupTimeout bounds the store calls made after the caller's
 	// context has ended: the release of a failed execution, and, on a
 	// store without transactions, the completion of a handler whose caller
-	// went away. Defaults to 5s.
+	// went away. Defaults to 5s. It does not bound the record of a step
+	// (Step), whose effect has happened: that waits as long as the store
+	// lets any write wait, within Lease.
 	CleanupTimeout time.Duration
+
+	// MaxStepBytes is the largest result a step (Step) may record, in
+	// bytes of its JSON encoding. Defaults to 64 KiB. A step whose result
+	// is larger ran, but is not recorded: Step returns an error wrapping
+	// ErrStepNotSaved and ErrStepTooLarge.
+	MaxStepBytes int
+
+	// MaxStepsBytes is the most the steps of one record may hold, names
+	// and results encoded (MarshalSteps), counting those of the earlier
+	// executions of the key. Defaults to 256 KiB. A step that would pass
+	// it is refused before its function runs when the record is full
+	// already, and otherwise ran and is not recorded, as for MaxStepBytes.
+	// Steps are kept with the record, for its whole Retention: this bounds
+	// what one key can make the store keep beyond the request and
+	// response limits of the front end.
+	MaxStepsBytes int
 
 	// Logger receives the engine's warnings (heartbeat failures, release
 	// failures, work rolled back after the handler ran). Defaults to
@@ -89,6 +112,12 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.CleanupTimeout <= 0 {
 		out.CleanupTimeout = 5 * time.Second
+	}
+	if out.MaxStepBytes <= 0 {
+		out.MaxStepBytes = DefaultMaxStepBytes
+	}
+	if out.MaxStepsBytes <= 0 {
+		out.MaxStepsBytes = DefaultMaxStepsBytes
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -359,13 +388,9 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *Clai
 	x := &execution{e: e, ctx: ctx, op: op, token: token, unit: unit}
 	x.rc = newRunCtx(unit.Context(ctx))
 	x.rc.exec.info = Execution{Tenant: op.Tenant, Key: op.Key, LeaseToken: token, Store: e.info.Name, Takeover: claim.Takeover}
-	x.rc.exec.steps, x.rc.exec.saveTimeout, x.rc.exec.storeTracer = e.steps, e.config.CleanupTimeout, e.storeTracer
+	x.rc.exec.initSteps(e, op, unit, claim.Steps)
 	if e.unitClaimer != nil {
 		x.rc.exec.stepsRefused = ErrStepsSingleTransaction
-	}
-	if n := len(claim.Steps); n > 0 {
-		x.rc.exec.recorded = claim.Steps
-		x.rc.exec.info.RecoveryPoint = claim.Steps[n-1].Name
 	}
 	if e.keeper != nil {
 		x.held = e.keeper.add(op, token, e.config.Lease, x.rc)
@@ -407,8 +432,18 @@ func (x *execution) stopLease() (lost bool) {
 // finish decides what becomes of an execution whose function returned or
 // panicked.
 func (x *execution) finish(res Result, err error) (Outcome, error) {
-	lost := x.stopLease()
 	var panicked *PanicError
+	if x.savesLater() {
+		// A step ran and its record failed: the engine keeps the lease
+		// and records it later (saveLater). Whatever the handler
+		// answered is discarded, as below.
+		cause := *x.rc.exec.unsavedStep.Load()
+		if errors.As(err, &panicked) {
+			return Outcome{}, err
+		}
+		return Outcome{}, cause
+	}
+	lost := x.stopLease()
 	switch {
 	case lost:
 		// The heartbeat found the lease taken over, and cancelled the
@@ -418,6 +453,15 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 		x.e.lostLease(x.ctx, x.op, "heartbeat")
 		x.warnStepsKept("lease lost", ErrLeaseLost)
 		return Outcome{}, ErrLeaseLost
+	case x.stepLostLease() != nil:
+		// The store refused a step's record because the key was taken
+		// over: the lease is lost as surely as if the heartbeat had found
+		// it, and the key is the takeover's, which may have completed it.
+		cause := x.lostAtStep()
+		if errors.As(err, &panicked) {
+			return Outcome{}, err
+		}
+		return Outcome{}, cause
 	case x.rc.exec.unsavedStep.Load() != nil:
 		// A step's effect happened and its record did not, whatever the
 		// handler answered after that (a front end's handler cannot
@@ -542,6 +586,35 @@ func (x *execution) completed(ctx context.Context, res Result, err error) (Outco
 	return Outcome{}, storeError("complete", err)
 }
 
+// stepLostLease returns, when a step ran and was not recorded and the
+// lease is known lost (the store refused that step's record, or a later
+// one's, after a takeover), the error to end the execution with, wrapping
+// ErrLeaseLost; nil otherwise.
+func (x *execution) stepLostLease() error {
+	p := x.rc.exec.unsavedStep.Load()
+	switch {
+	case p == nil:
+		return nil
+	case errors.Is(*p, ErrLeaseLost):
+		return *p
+	case x.rc.exec.lost.Load():
+		return fmt.Errorf("%w; before that, %w", ErrLeaseLost, *p)
+	}
+	return nil
+}
+
+// lostAtStep ends an execution whose step the store refused after a
+// takeover: rolled back, counted and logged as a lost lease, nothing
+// released or kept (the key is the takeover's). It returns the step's
+// error, which wraps ErrLeaseLost and ErrStepNotSaved.
+func (x *execution) lostAtStep() error {
+	cause := x.stepLostLease()
+	x.rollback("lease lost", cause)
+	x.e.lostLease(x.ctx, x.op, "step")
+	x.warnStepsKept("lease lost", cause)
+	return cause
+}
+
 // keepUnsaved ends an execution in which a step ran and was not
 // recorded: its writes rolled back, its key in flight until the lease
 // ends. It returns the step's error.
@@ -558,6 +631,10 @@ func (x *execution) keepUnsaved() error {
 // lease ends, as it does on any store when a step ran and was not
 // recorded.
 func (x *execution) abandon(cause error) {
+	if x.stepLostLease() != nil {
+		x.lostAtStep()
+		return
+	}
 	if x.rc.exec.unsavedStep.Load() != nil {
 		x.keepUnsaved()
 		return

@@ -235,6 +235,9 @@ func (k *keeper) extend(l *lease) {
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		l.lost = true
+		// Before the cancellation: a step that sees the context
+		// cancelled must find the lease known lost (Step).
+		l.ctx.exec.lost.Store(true)
 		l.ctx.lose(ErrLeaseLost)
 	case err != nil:
 		// A store hiccup: the lease still runs for a while; try again at

@@ -75,8 +75,8 @@
 // transaction, once it has sent a query, holds another: record the steps
 // before the business writes (charge the card, then write the order) or
 // give the pool two connections for each handler that does both at once.
-// A step that cannot get a connection within the engine's CleanupTimeout
-// fails with idem.ErrStepNotSaved.
+// A step that cannot get a connection within the engine's Lease fails
+// with idem.ErrStepNotSaved.
 //
 // A failed execution whose record holds steps is not deleted but kept in
 // flight with its lease ended, so that the next retry with the same

@@ -19,7 +19,7 @@ var sqliteDialect = &dialect{
 	// lock (see Store.claimSQLite): claimRead reads the record, and
 	// claimReplace replaces it when it is past retention, or in flight
 	// with an ended lease and the same fingerprint (a takeover, which
-	// keeps the recovery points, those of the step journal included).
+	// keeps the recovery points).
 	claim: compile(`INSERT INTO idem_keys (tenant_id, idem_key, fingerprint, state, lease_token,
     locked_until, storage_mode, created_at, expires_at)
 VALUES (@tenant, @key, @fingerprint, 'in_flight', @token,

@@ -80,15 +80,32 @@ type unit struct {
 	locked  bool
 	lease   lease
 	isOwner bool
-	// What disown learnt from the gate: the extension owed, and whether a
-	// step went to the journal; moved is true once the journal's rows are
-	// in the record, in the transaction that ends (see foldJournal).
-	owed      *idem.ExtendParams
-	journaled bool
-	moved     bool
+	// What disown learnt from the gate: the extension owed.
+	owed *idem.ExtendParams
 }
 
-var _ idem.UnitOfWork = (*unit)(nil)
+var (
+	_ idem.UnitOfWork  = (*unit)(nil)
+	_ idem.StepChecker = (*unit)(nil)
+)
+
+// CheckStep implements idem.StepChecker: on SQLite, a step is refused
+// with ErrStepAfterStatement once the handler's transaction has begun (at
+// its first statement, a read included), since the transaction then
+// holds the write lock the step's record would wait for. Elsewhere, and
+// once the transaction has ended (Tx.Rollback, or the database ended it),
+// a step may come at any time.
+func (u *unit) CheckStep(context.Context) error {
+	if u.s.d.kind != kindSQLite {
+		return nil
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.state == unitOpen {
+		return ErrStepAfterStatement
+	}
+	return nil
+}
 
 func newUnit(s *Store) *unit {
 	u := &unit{s: s}
@@ -183,7 +200,7 @@ func (u *unit) begin(ctx context.Context) error {
 		if x, ok := idem.ExecutionFromContext(ctx); ok {
 			u.lease = lease{x.Tenant, x.Key, x.LeaseToken}
 			u.isOwner = true
-			s.writes.own(u.lease, conn)
+			s.writes.own(u.lease)
 		}
 	}
 	return nil
@@ -339,16 +356,7 @@ func (u *unit) complete(ctx context.Context, p idem.CompleteParams) error {
 			return fmt.Errorf("idemsql: complete: %w", err)
 		}
 	}
-	if _, journaled := u.disown(); journaled {
-		// Steps saved while this transaction held the lock went to the
-		// journal: into the record with the completion.
-		moved, err := s.foldJournal(ctx, conn, u.lease)
-		if err != nil {
-			u.finish(ctx)
-			return fmt.Errorf("idemsql: complete: move the steps from the journal: %w", err)
-		}
-		u.moved = moved
-	}
+	u.disown()
 	args, err := completeArgs(s.d.completeUnitQuery(), p, u.mark)
 	if err != nil {
 		u.finish(ctx)
@@ -429,25 +437,20 @@ func (u *unit) commit(ctx context.Context) error {
 		u.conn.Close()
 	}
 	u.release()
-	if err == nil && u.moved {
-		u.s.dropJournal(ctx, u.lease.tenant, u.lease.key, u.lease.token)
-	}
 	return err
 }
 
 // finish ends the open transaction without completing: rolled back, or,
-// on SQLite when the unit owes a lease extension or steps went to the
-// journal, rolled back to its savepoint and committed with the extension
-// and the journal's steps moved into the record, so that the lock is
-// never free while the lease it kept from being extended may have run
-// out, or the record lacks steps the journal holds. The connection goes
-// back to the pool (or is discarded when its state is unknown). It runs
-// with u.mu held.
+// on SQLite when the unit owes a lease extension, rolled back to its
+// savepoint and committed with the extension, so that the lock is never
+// free while the lease it kept from being extended may have run out. The
+// connection goes back to the pool (or is discarded when its state is
+// unknown). It runs with u.mu held.
 func (u *unit) finish(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	conn := u.conn
-	owed, journaled := u.disown()
+	owed := u.disown()
 	ok := true
 	exec := func(q string) {
 		if ok {
@@ -455,37 +458,23 @@ func (u *unit) finish(ctx context.Context) {
 			ok = err == nil
 		}
 	}
-	// keep moves the journal's steps into the record and extends the
-	// lease; a failed move leaves the steps in the journal, where every
-	// reader finds them.
 	keep := func() {
-		u.moved = false // whatever moved before is rolled back
-		if journaled && ok {
-			moved, err := u.s.foldJournal(ctx, conn, u.lease)
-			ok, u.moved = err == nil, moved
-		}
-		if owed != nil && ok {
-			_, err := u.s.extendOn(ctx, conn, *owed)
-			ok = err == nil
-		}
+		_, err := u.s.extendOn(ctx, conn, *owed)
+		ok = err == nil
 	}
-	drop := false
 	switch {
-	case owed != nil || journaled:
+	case owed != nil:
 		exec("ROLLBACK TO SAVEPOINT " + savepoint)
 		if ok {
 			keep()
 			exec("COMMIT")
-			drop = ok && u.moved
 		} else {
 			// The transaction had ended already, and the lock with it:
 			// write at once, while this Store still lets no other writer
 			// of its own in.
 			ok = true
 			exec("ROLLBACK")
-			ok = true
 			keep()
-			drop = ok && u.moved
 			ok = true
 		}
 	case u.s.d.kind == kindMySQL:
@@ -506,22 +495,18 @@ func (u *unit) finish(ctx context.Context) {
 	}
 	u.conn = nil
 	u.release()
-	if drop {
-		u.s.dropJournal(ctx, u.lease.tenant, u.lease.key, u.lease.token)
-	}
 }
 
 // disown tells the gate, before the transaction gives up the write lock,
-// that the lease's extensions and steps must wait for the gate again,
-// once the steps being written to the journal are (SQLite). It returns
-// the extension skipped meanwhile, if any, and whether a step went to the
-// journal; called again, it returns the same.
-func (u *unit) disown() (*idem.ExtendParams, bool) {
+// that the lease's extensions and steps must wait for the gate again
+// (SQLite). It returns the extension skipped meanwhile, if any; called
+// again, it returns the same.
+func (u *unit) disown() *idem.ExtendParams {
 	if u.isOwner {
 		u.isOwner = false
-		u.owed, u.journaled = u.s.writes.disown(u.lease)
+		u.owed = u.s.writes.disown(u.lease)
 	}
-	return u.owed, u.journaled
+	return u.owed
 }
 
 // release gives up the Store's gate (SQLite), once the transaction has

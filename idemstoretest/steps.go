@@ -473,6 +473,8 @@ func (s *suite) steps(t *testing.T) {
 		h.mustBeComplete(h.fx.Store, op.Key, want)
 	})
 
+	s.stepsThroughEngine(t)
+
 	// A purge deletes a record with steps once its retention has passed,
 	// as any other, and keeps it before.
 	s.serial(t, "Purge", func(h *harness) {
