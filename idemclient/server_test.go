@@ -481,7 +481,7 @@ func TestDefaultBudgetOutlivesDefaultLease(t *testing.T) {
 	}
 }
 
-// A 409 from idemhttp carries Retry-After (the engine's RetryAfter, 1s by
+// A 409 from idemhttp carries Retry-After (idemhttp.Config.RetryAfter, 1s by
 // default): the Transport waits that long before it asks again, though
 // its own backoff would have asked within milliseconds, and then gets the
 // stored answer.
@@ -500,8 +500,8 @@ func TestInFlightFollowsRetryAfter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if eng.Config().RetryAfter != time.Second {
-		t.Fatalf("engine RetryAfter %v, want the default 1s", eng.Config().RetryAfter)
+	if idemhttp.DefaultRetryAfter != time.Second {
+		t.Fatalf("idemhttp.DefaultRetryAfter %v, want 1s", idemhttp.DefaultRetryAfter)
 	}
 	m, err := idemhttp.NewMiddleware(eng, &idemhttp.Config{SharedKeySpace: true, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
