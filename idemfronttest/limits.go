@@ -36,7 +36,10 @@ func (s *suite) limits(t *testing.T) {
 		var e *env
 		over := bytes.Repeat([]byte("a"), limit+1)
 		at := bytes.Repeat([]byte("b"), limit)
-		e = s.newEnv(t, Options{MaxResponseBody: limit}, func(_ context.Context, body []byte) Response {
+		e = s.newEnv(t, Options{MaxResponseBody: limit}, func(ctx context.Context, body []byte) Response {
+			if e.transactional() {
+				e.write(ctx, "big-"+e.tenant)
+			}
 			if string(body) == "big" && e.runs.Load() == 1 {
 				return Response{Body: over}
 			}
@@ -48,5 +51,10 @@ func (s *suite) limits(t *testing.T) {
 		wantAnswer(t, "the retry", e.send(e.call("k", "big")), idemfront.Executed, at)
 		wantAnswer(t, "the retry's retry", e.send(e.call("k", "big")), idemfront.Replayed, at)
 		e.wantRuns(2, "an answer too large, then a retry")
+		if e.transactional() {
+			if n := e.count("big-" + e.tenant); n != 1 {
+				t.Errorf("%d business rows committed, want 1 (the answer too large rolled back)", n)
+			}
+		}
 	})
 }
