@@ -14,6 +14,7 @@ import (
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/idemsql/idemsqlite"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // sqliteEnv is the middleware over idemsql on a SQLite file, with an
@@ -37,7 +38,7 @@ func newSQLiteEnv(t *testing.T) *sqliteEnv {
 	if _, err := db.ExecContext(t.Context(), `CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, item TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	store := must(idemsql.NewStore(db, idemsql.SQLite))
+	store := testenv.Must(idemsql.NewStore(db, idemsql.SQLite))
 	engine, err := idem.NewEngine(store, &idem.Config{Logger: quietLogger})
 	if err != nil {
 		t.Fatal(err)
