@@ -60,8 +60,18 @@ func file(set map[string]bool, name string) {
 	set[textproto.CanonicalMIMEHeaderKey(name)] = true
 }
 
+// lookup finds name in a set filed by file. A name in canonical form or
+// in lowercase that misses is missing in every case (the set holds both
+// forms of each of its names), so only a name in another case is
+// lowercased, which allocates.
 func lookup(set map[string]bool, name string) bool {
-	return set[name] || set[lower(name)]
+	if set[name] {
+		return true
+	}
+	if textproto.CanonicalMIMEHeaderKey(name) == name {
+		return false
+	}
+	return set[lower(name)]
 }
 
 // lower returns name in lowercase, allocating only when it holds an

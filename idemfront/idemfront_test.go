@@ -197,3 +197,17 @@ func TestHeaders(t *testing.T) {
 		t.Error("NewHeaders accepted a name that is not a token")
 	}
 }
+
+// A lookup of a name in canonical form or in lowercase costs no
+// allocation: it runs on every header of every answer.
+func TestHeadersLookupAllocs(t *testing.T) {
+	h, err := idemfront.NewHeaders([]string{"Content-Type", "ETag"}, []string{"Set-Cookie"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"Content-Type", "content-type", "Location", "location", "Etag"} {
+		if n := testing.AllocsPerRun(100, func() { h.Stored(name); h.Replayable(name) }); n != 0 {
+			t.Errorf("looking up %q allocates %v times", name, n)
+		}
+	}
+}
