@@ -3,6 +3,7 @@ package idemsql_test
 import (
 	"context"
 	"errors"
+	"github.com/idem-go/idem/internal/testenv"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -40,7 +41,7 @@ func TestSQLiteFilesTakeTheDatabaseMode(t *testing.T) {
 	if _, err := db.ExecContext(ctx, `CREATE TABLE business (id TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	engine := newEngine(t, must(idemsql.NewStore(db, idemsql.SQLite)), nil)
+	engine := newEngine(t, testenv.Must(idemsql.NewStore(db, idemsql.SQLite)), nil)
 	op := idem.Operation{Tenant: "acme", Key: "pay-1", Fingerprint: []byte("POST /pay")}
 	failure := errors.New("failed after the charge")
 	var steps stepCounter

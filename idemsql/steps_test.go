@@ -22,6 +22,7 @@ import (
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/idemsql/idemmysql"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // charge is what the tests' steps return: a card charge made outside the
@@ -94,7 +95,7 @@ func TestSaveStepFencedFoundRows(t *testing.T) {
 		cfg.ClientFoundRows = found
 		db := sqlOpen(t, "mysql", cfg.FormatDSN())
 		defer db.Close()
-		st := must(idemsql.NewStore(db, idemmysql.Dialect))
+		st := testenv.Must(idemsql.NewStore(db, idemmysql.Dialect))
 		ctx := context.Background()
 		p := claimParams(newName("tenant"), "order-1", "fp")
 		mustClaim(t, st, p, true)
@@ -633,7 +634,7 @@ func TestReplayIsOneRead(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, env *testDB) {
 		ctx := context.Background()
 		db, log := openLogged(t, env)
-		engine := newEngine(t, must(idemsql.NewStore(db, env.dialect)), nil)
+		engine := newEngine(t, testenv.Must(idemsql.NewStore(db, env.dialect)), nil)
 		op := idem.Operation{Tenant: newName("tenant"), Key: "order-1", Fingerprint: []byte("fp")}
 		if _, err := engine.Do(ctx, op, func(context.Context) (idem.Result, error) { return idem.Result{Status: 201}, nil }); err != nil {
 			t.Fatal(err)
@@ -800,7 +801,7 @@ func TestAsyncClaimRestoresSync(t *testing.T) {
 	open := env.db.Stats().OpenConnections
 	conns := make([]*sql.Conn, open)
 	for i := range conns {
-		conns[i] = must(env.db.Conn(ctx))
+		conns[i] = testenv.Must(env.db.Conn(ctx))
 		defer conns[i].Close()
 	}
 	for i, c := range conns {
@@ -827,7 +828,7 @@ func TestSQLiteStepRecordedAfterLongHold(t *testing.T) {
 	// A busy timeout the test outlasts.
 	db := sqlOpen(t, "sqlite", "file:"+(&url.URL{Path: path}).EscapedPath()+"?_pragma=busy_timeout(200)&_pragma=journal_mode(WAL)&_txlock=immediate")
 	defer db.Close()
-	store := must(idemsql.NewStore(db, idemsql.SQLite))
+	store := testenv.Must(idemsql.NewStore(db, idemsql.SQLite))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	engine := newEngine(t, store, &idem.Config{Lease: 30 * time.Second})
