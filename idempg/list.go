@@ -1,0 +1,204 @@
+package idempg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/keylist"
+)
+
+var _ idem.KeyLister = (*Store)(nil)
+
+// listColumns reads a listed record: recordColumns without the body.
+const listColumns = `tenant_id, idem_key, fingerprint, state, lease_token, locked_until, storage_mode, status_code,
+	response_headers, NULL::bytea, resource_ref, created_at, completed_at, expires_at`
+
+// statusConditions are the statuses on a reading of the database clock,
+// $1. The expired one is Purge's: past retention, no live lease.
+var statusConditions = map[idem.KeyStatus]string{
+	idem.KeyInFlight:  `state = 'in_flight' AND locked_until > $1`,
+	idem.KeyAbandoned: `state = 'in_flight' AND locked_until <= $1 AND expires_at > $1`,
+	idem.KeyComplete:  `state = 'complete' AND expires_at > $1`,
+	idem.KeyExpired:   `expires_at <= $1 AND (state = 'complete' OR locked_until <= $1)`,
+}
+
+func (s *Store) clock(ctx context.Context) (time.Time, error) {
+	var now time.Time
+	err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&now)
+	return now, err
+}
+
+func scanListed(row pgx.Row) (*idem.Record, error) {
+	var tenant, key string
+	var r scannedRecord
+	if err := row.Scan(append([]any{&tenant, &key}, r.dest()...)...); err != nil {
+		return nil, err
+	}
+	return r.record(tenant, key)
+}
+
+// ListKeys implements idem.KeyLister. Every page is one statement that
+// walks idem_keys_tenant_created_idx from the cursor (a row comparison,
+// which PostgreSQL turns into the start of an index range) and stops
+// after Limit+1 matching rows; with a tenant the walk is a range of that
+// tenant's entries. The status, the prefix and the time range are
+// checked on the rows it meets.
+func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, error) {
+	if err := keylist.CheckStatus(p.Status); err != nil {
+		return idem.KeyPage{}, err
+	}
+	cur, hasCur, err := keylist.Decode(p.After)
+	if err != nil {
+		return idem.KeyPage{}, err
+	}
+	now, err := s.clock(ctx)
+	if err != nil {
+		return idem.KeyPage{}, interpretError(err)
+	}
+	limit := keylist.Limit(p)
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	where := []string{"true"}
+	if p.Tenant != "" {
+		where = append(where, `tenant_id = `+arg(p.Tenant))
+	}
+	if p.Status != "" {
+		where = append(where, strings.ReplaceAll(statusConditions[p.Status], "$1", arg(now)))
+	}
+	if p.Prefix != "" {
+		// starts_with, not LIKE: a prefix holding % or _ would need
+		// escaping.
+		where = append(where, `starts_with(idem_key, `+arg(p.Prefix)+`)`)
+	}
+	if !p.CreatedFrom.IsZero() {
+		where = append(where, `created_at >= `+arg(p.CreatedFrom))
+	}
+	if !p.CreatedBefore.IsZero() {
+		where = append(where, `created_at < `+arg(p.CreatedBefore))
+	}
+	if hasCur {
+		where = append(where, `(tenant_id, created_at, idem_key) > (`+arg(cur.Tenant)+`, `+arg(cur.Time())+`, `+arg(cur.Key)+`)`)
+	}
+	q := `SELECT ` + listColumns + ` FROM idem_keys WHERE ` + strings.Join(where, " AND ") +
+		` ORDER BY tenant_id, created_at, idem_key LIMIT ` + arg(limit+1)
+	rows, err := s.pool.Query(ctx, q, args...)
+	if err != nil {
+		return idem.KeyPage{}, interpretError(err)
+	}
+	defer rows.Close()
+	var recs []*idem.Record
+	for rows.Next() {
+		rec, err := scanListed(rows)
+		if err != nil {
+			return idem.KeyPage{}, fmt.Errorf("idempg: list: %w", err)
+		}
+		recs = append(recs, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return idem.KeyPage{}, interpretError(err)
+	}
+	return keylist.Cut(recs, limit, now), nil
+}
+
+// KeyStats implements idem.KeyLister in three statements: the counts of
+// each tenant with the claim of its oldest record in flight (one pass over
+// the table, or over the tenant's index range), the claims and
+// completions by hour since 24 hours ago, and the oldest record in flight,
+// read through idem_keys_tenant_created_idx.
+func (s *Store) KeyStats(ctx context.Context, p idem.StatsParams) (idem.KeyStats, error) {
+	now, err := s.clock(ctx)
+	if err != nil {
+		return idem.KeyStats{}, interpretError(err)
+	}
+	c := keylist.NewCounter(now)
+	first := keylist.HoursStart(now)
+	tenantIs := `$2 = '' OR tenant_id = $2`
+	count := func(status idem.KeyStatus) string {
+		return `count(*) FILTER (WHERE ` + statusConditions[status] + `)`
+	}
+	rows, err := s.pool.Query(ctx, `SELECT tenant_id, `+count(idem.KeyInFlight)+`, `+count(idem.KeyAbandoned)+`, `+
+		count(idem.KeyComplete)+`, `+count(idem.KeyExpired)+`, min(created_at) FILTER (WHERE state = 'in_flight')
+FROM idem_keys WHERE `+tenantIs+` GROUP BY tenant_id`, now, p.Tenant)
+	if err != nil {
+		return idem.KeyStats{}, interpretError(err)
+	}
+	var oldestTenant string
+	var oldestAt time.Time
+	for rows.Next() {
+		var tc idem.TenantCounts
+		var n [4]int64
+		var oldest *time.Time
+		if err := rows.Scan(&tc.Tenant, &n[0], &n[1], &n[2], &n[3], &oldest); err != nil {
+			rows.Close()
+			return idem.KeyStats{}, fmt.Errorf("idempg: stats: %w", err)
+		}
+		tc.InFlight, tc.Abandoned, tc.Complete, tc.Expired = int(n[0]), int(n[1]), int(n[2]), int(n[3])
+		c.AddTenant(tc)
+		if oldest != nil && (oldestAt.IsZero() || oldest.Before(oldestAt)) {
+			oldestTenant, oldestAt = tc.Tenant, *oldest
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return idem.KeyStats{}, interpretError(err)
+	}
+
+	rows, err = s.pool.Query(ctx, `SELECT h, sum(c), sum(d) FROM (
+	SELECT floor(extract(epoch FROM created_at) / 3600)::bigint AS h, 1 AS c, 0 AS d FROM idem_keys
+	WHERE created_at >= $1 AND ($2 = '' OR tenant_id = $2)
+	UNION ALL
+	SELECT floor(extract(epoch FROM completed_at) / 3600)::bigint, 0, 1 FROM idem_keys
+	WHERE completed_at >= $1 AND ($2 = '' OR tenant_id = $2)
+) t GROUP BY h`, first, p.Tenant)
+	if err != nil {
+		return idem.KeyStats{}, interpretError(err)
+	}
+	for rows.Next() {
+		var h, claims, completions int64
+		if err := rows.Scan(&h, &claims, &completions); err != nil {
+			rows.Close()
+			return idem.KeyStats{}, fmt.Errorf("idempg: stats: %w", err)
+		}
+		c.AddHour(time.Unix(h*3600, 0), int(claims), int(completions))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return idem.KeyStats{}, interpretError(err)
+	}
+
+	if !oldestAt.IsZero() {
+		rec, err := scanListed(s.pool.QueryRow(ctx, `SELECT `+listColumns+` FROM idem_keys
+WHERE tenant_id = $1 AND created_at = $2 AND state = 'in_flight' ORDER BY idem_key LIMIT 1`, oldestTenant, oldestAt))
+		switch {
+		case err == nil:
+			c.SetOldest(rec)
+		case !errors.Is(err, pgx.ErrNoRows): // completed in between: none to show
+			return idem.KeyStats{}, interpretError(err)
+		}
+	}
+	return c.Stats(), nil
+}
+
+// Forget implements idem.KeyLister: one DELETE, fenced by the token and
+// the complete state.
+func (s *Store) Forget(ctx context.Context, p idem.ForgetParams) error {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM idem_keys
+WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'complete'`, p.Tenant, p.Key, p.Token)
+	if err != nil {
+		return interpretError(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idem.ErrNotFound
+	}
+	return nil
+}
