@@ -121,7 +121,7 @@ type KeyStats struct {
 
 // TenantCounts are one tenant's records by status.
 type TenantCounts struct {
-	Tenant                                string
+	Tenant                                 string
 	InFlight, Abandoned, Complete, Expired int
 }
 

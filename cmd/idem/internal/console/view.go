@@ -127,8 +127,8 @@ var funcs = template.FuncMap{
 		}
 		return t.UTC().Format("2006-01-02 15:04:05.000 UTC")
 	},
-	"since": func(now, t time.Time) string { return roughDuration(now.Sub(t)) },
-	"until": func(now, t time.Time) string { return roughDuration(t.Sub(now)) },
+	"since":   func(now, t time.Time) string { return roughDuration(now.Sub(t)) },
+	"until":   func(now, t time.Time) string { return roughDuration(t.Sub(now)) },
 	"keypath": keyPath,
 	"query": func(pairs ...string) string {
 		q := url.Values{}
