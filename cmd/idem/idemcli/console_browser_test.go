@@ -86,11 +86,11 @@ func TestConsoleInBrowser(t *testing.T) {
 	t.Logf("screenshots in %s", shots)
 	shot := func(name string) chromedp.Action[chromedp.Void] {
 		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			buf, err := chromedp.FullScreenshot(90)(ctx, tg)
+			buf, err := chromedp.FullScreenshot(100)(ctx, tg) // 100: PNG
 			if err != nil {
 				return err
 			}
-			return os.WriteFile(filepath.Join(shots, name+".jpg"), buf, 0o644)
+			return os.WriteFile(filepath.Join(shots, name+".png"), buf, 0o644)
 		})
 	}
 	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
