@@ -113,6 +113,11 @@ type KeyStats struct {
 	// OldestInFlight is the in-flight record (lease live or ended) claimed
 	// first, without body or steps; nil when none is in flight.
 	OldestInFlight *Record
+	// Estimated is true when the counts (Tenants, Hours) are scaled from
+	// a sample of the records rather than counted one by one: idempg
+	// samples a table of millions, where exact counts of every tenant
+	// would read every record.
+	Estimated bool
 	// Hours are the 24 hours before Now, oldest first, each starting on
 	// the hour: how many of the records still stored were claimed, and
 	// completed, in it.
