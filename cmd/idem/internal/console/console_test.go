@@ -80,7 +80,7 @@ func login(t *testing.T, srv *httptest.Server) (*http.Client, string) {
 type cookieJar struct{ cookies []*http.Cookie }
 
 func (j *cookieJar) SetCookies(_ *url.URL, cs []*http.Cookie) { j.cookies = append(j.cookies, cs...) }
-func (j *cookieJar) Cookies(*url.URL) []*http.Cookie           { return j.cookies }
+func (j *cookieJar) Cookies(*url.URL) []*http.Cookie          { return j.cookies }
 
 func get(t *testing.T, c *http.Client, u string, want int) string {
 	t.Helper()
