@@ -113,9 +113,10 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, 
 // exactStatsRows is the size of table, by the planner's estimate, up to
 // which KeyStats of every tenant counts every record; past it, it counts a
 // sample of about sampleRows.
-const (
-	exactStatsRows = 200_000
-	sampleRows     = 50_000
+// They are variables for the tests.
+var (
+	exactStatsRows float64 = 200_000
+	sampleRows     float64 = 50_000
 )
 
 // KeyStats implements idem.KeyLister.
@@ -218,7 +219,7 @@ const maxOldestWalk = 100_000
 
 // sampledStats counts a sample of the table's pages and scales it up.
 func (s *Store) sampledStats(ctx context.Context, c *keylist.Counter, now time.Time, estimate float64) (idem.KeyStats, error) {
-	pct := 100 * sampleRows / estimate
+	pct := min(100, 100*sampleRows/estimate)
 	rows, err := s.pool.Query(ctx, `SELECT tenant_id, idem_key, state, locked_until, created_at, completed_at, expires_at
 FROM idem_keys TABLESAMPLE SYSTEM (`+strconv.FormatFloat(pct, 'f', 4, 64)+`)`)
 	if err != nil {
