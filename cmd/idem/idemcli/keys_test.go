@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // TestKeysCommands lists, releases and forgets keys with `idem keys` on
@@ -113,5 +114,44 @@ func TestKeysAndConsoleHelp(t *testing.T) {
 	}
 	if code, _, errOut := run("console", "--db", "sqlite:/nonexistent"); code != ExitUsage || !strings.Contains(errOut, "--token") {
 		t.Errorf("idem console without a token: %d %q", code, errOut)
+	}
+}
+
+// TestKeysCommandsOnRedis runs idem keys on records kept in Redis, under a
+// tenant of its own (the CLI uses the default prefix).
+func TestKeysCommandsOnRedis(t *testing.T) {
+	rawURL := testenv.RedisURL(t)
+	ctx := context.Background()
+	cn := &conn{}
+	defer cn.Close()
+	st, err := cn.useRedis(ctx, rawURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant := testenv.Name()
+	for i, key := range []string{"stuck", "done"} {
+		token := int64(20 + i)
+		if _, err := st.Claim(ctx, idem.ClaimParams{Tenant: tenant, Key: key, Token: token, Lease: time.Minute, Retention: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		if key == "done" {
+			u, _ := st.Begin(ctx)
+			if err := u.Complete(ctx, idem.CompleteParams{Tenant: tenant, Key: key, Token: token, Result: idem.Result{Status: 201}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	code, out, errOut := run("keys", "list", "--keys", rawURL, "--tenant", tenant)
+	if code != ExitOK || !strings.Contains(out, `"stuck"`) || !strings.Contains(out, `"done"`) {
+		t.Fatalf("keys list on Redis: %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := run("keys", "release", "--keys", rawURL, "--tenant", tenant, "--key", "stuck", "--reason", "test"); code != ExitOK || !strings.Contains(out, "released") {
+		t.Fatalf("keys release on Redis: %d %s%s", code, out, errOut)
+	}
+	if code, out, errOut := run("keys", "forget", "--keys", rawURL, "--tenant", tenant, "--key", "done", "--reason", "test"); code != ExitOK || !strings.Contains(out, "forgotten") {
+		t.Fatalf("keys forget on Redis: %d %s%s", code, out, errOut)
+	}
+	if code, out, _ := run("keys", "list", "--keys", rawURL, "--tenant", tenant); code != ExitOK || strings.Contains(out, `"stuck"`) || strings.Contains(out, `"done"`) {
+		t.Errorf("keys list after release and forget: %d\n%s", code, out)
 	}
 }
