@@ -121,63 +121,80 @@ var (
 
 // KeyStats implements idem.KeyLister.
 //
-// For one tenant the counts are exact: the statements read the tenant's
-// range of idem_keys_tenant_created_idx. For every tenant, a table the
-// planner estimates at up to exactStatsRows records is counted whole (one
-// pass); a larger one is counted from a sample of its pages (TABLESAMPLE
-// SYSTEM, about sampleRows records) scaled up, and KeyStats.Estimated says
-// so: exact counts of millions of records would need a pass over all of
-// them, or an index on state, which would cost every completion its HOT
-// update. The oldest record in flight is then the first in flight along
-// idem_keys_expires_at_idx (the one whose retention ends first: the oldest
-// claim when the routes share one retention), a walk bounded at
+// For one tenant the counts are exact: one statement reads the tenant's
+// range of idem_keys_tenant_created_idx once and counts it by status and
+// by hour. For every tenant, a table the planner estimates at up to
+// exactStatsRows records is counted whole, in one pass; a larger one is
+// counted from a sample of its pages (TABLESAMPLE SYSTEM, about sampleRows
+// records) scaled up, and KeyStats.Estimated says so: exact counts of
+// millions of records would need a pass over all of them, or an index on
+// state, which would cost every completion its HOT update. The oldest
+// record in flight is then the first in flight along
+// idem_keys_expires_at_idx (the one whose retention ends first: the
+// oldest claim when the routes share one retention), a walk bounded at
 // maxOldestWalk entries.
 func (s *Store) KeyStats(ctx context.Context, p idem.StatsParams) (idem.KeyStats, error) {
-	now, err := s.clock(ctx)
-	if err != nil {
+	var now time.Time
+	var estimate float64
+	if err := s.pool.QueryRow(ctx, `SELECT now(), (SELECT reltuples FROM pg_class WHERE oid = 'idem_keys'::regclass)`).Scan(&now, &estimate); err != nil {
 		return idem.KeyStats{}, interpretError(err)
 	}
 	c := keylist.NewCounter(now)
-	first := keylist.HoursStart(now)
-	if p.Tenant == "" {
-		var estimate float64
-		if err := s.pool.QueryRow(ctx, `SELECT reltuples FROM pg_class WHERE oid = 'idem_keys'::regclass`).Scan(&estimate); err != nil {
-			return idem.KeyStats{}, interpretError(err)
-		}
-		if estimate > exactStatsRows {
-			return s.sampledStats(ctx, c, now, estimate)
-		}
-	}
 	// The tenant's condition is written into the statement, not passed as
-	// "$2 = '' OR tenant_id = $2": a cached generic plan would then scan
+	// "$3 = '' OR tenant_id = $3": a cached generic plan would then scan
 	// the whole table for one tenant.
-	tenantIs, args := ``, []any{now}
-	if p.Tenant != "" {
-		tenantIs, args = ` AND tenant_id = $2`, append(args, p.Tenant)
+	from, args := `idem_keys`, []any{now, keylist.HoursStart(now)}
+	sampled := p.Tenant == "" && estimate > exactStatsRows
+	pct := 100.0
+	switch {
+	case p.Tenant != "":
+		from, args = `idem_keys WHERE tenant_id = $3`, append(args, p.Tenant)
+	case sampled:
+		pct = min(100, 100*sampleRows/estimate)
+		from = `idem_keys TABLESAMPLE SYSTEM (` + strconv.FormatFloat(pct, 'f', 4, 64) + `)`
 	}
 	count := func(status idem.KeyStatus) string {
 		return `count(*) FILTER (WHERE ` + statusConditions[status] + `)`
 	}
-	rows, err := s.pool.Query(ctx, `SELECT tenant_id, `+count(idem.KeyInFlight)+`, `+count(idem.KeyAbandoned)+`, `+
+	// One pass (the CTE is read once), three groupings: by tenant, by hour
+	// of claim, by hour of completion.
+	rows, err := s.pool.Query(ctx, `WITH r AS MATERIALIZED (
+	SELECT tenant_id, state, locked_until, created_at, completed_at, expires_at FROM `+from+`)
+SELECT 0, tenant_id, 0::bigint, `+count(idem.KeyInFlight)+`, `+count(idem.KeyAbandoned)+`, `+
 		count(idem.KeyComplete)+`, `+count(idem.KeyExpired)+`, min(created_at) FILTER (WHERE state = 'in_flight')
-FROM idem_keys WHERE true`+tenantIs+` GROUP BY tenant_id`, args...)
+FROM r GROUP BY tenant_id
+UNION ALL
+SELECT 1, '', floor(extract(epoch FROM created_at) / 3600)::bigint, count(*), 0, 0, 0, NULL
+FROM r WHERE created_at >= $2 GROUP BY 3
+UNION ALL
+SELECT 2, '', floor(extract(epoch FROM completed_at) / 3600)::bigint, count(*), 0, 0, 0, NULL
+FROM r WHERE completed_at >= $2 GROUP BY 3`, args...)
 	if err != nil {
 		return idem.KeyStats{}, interpretError(err)
 	}
 	var oldestTenant string
 	var oldestAt time.Time
 	for rows.Next() {
+		var kind int
 		var tc idem.TenantCounts
+		var hour int64
 		var n [4]int64
 		var oldest *time.Time
-		if err := rows.Scan(&tc.Tenant, &n[0], &n[1], &n[2], &n[3], &oldest); err != nil {
+		if err := rows.Scan(&kind, &tc.Tenant, &hour, &n[0], &n[1], &n[2], &n[3], &oldest); err != nil {
 			rows.Close()
 			return idem.KeyStats{}, fmt.Errorf("idempg: stats: %w", err)
 		}
-		tc.InFlight, tc.Abandoned, tc.Complete, tc.Expired = int(n[0]), int(n[1]), int(n[2]), int(n[3])
-		c.AddTenant(tc)
-		if oldest != nil && (oldestAt.IsZero() || oldest.Before(oldestAt)) {
-			oldestTenant, oldestAt = tc.Tenant, *oldest
+		switch kind {
+		case 0:
+			tc.InFlight, tc.Abandoned, tc.Complete, tc.Expired = int(n[0]), int(n[1]), int(n[2]), int(n[3])
+			c.AddTenant(tc)
+			if oldest != nil && (oldestAt.IsZero() || oldest.Before(oldestAt)) {
+				oldestTenant, oldestAt = tc.Tenant, *oldest
+			}
+		case 1:
+			c.AddHour(time.Unix(hour*3600, 0), int(n[0]), 0)
+		default:
+			c.AddHour(time.Unix(hour*3600, 0), 0, int(n[0]))
 		}
 	}
 	rows.Close()
@@ -185,103 +202,48 @@ FROM idem_keys WHERE true`+tenantIs+` GROUP BY tenant_id`, args...)
 		return idem.KeyStats{}, interpretError(err)
 	}
 
-	args[0] = first
-	rows, err = s.pool.Query(ctx, `SELECT h, sum(c), sum(d) FROM (
-	SELECT floor(extract(epoch FROM created_at) / 3600)::bigint AS h, 1 AS c, 0 AS d FROM idem_keys
-	WHERE created_at >= $1`+tenantIs+`
-	UNION ALL
-	SELECT floor(extract(epoch FROM completed_at) / 3600)::bigint, 0, 1 FROM idem_keys
-	WHERE completed_at >= $1`+tenantIs+`
-) t GROUP BY h`, args...)
-	if err != nil {
-		return idem.KeyStats{}, interpretError(err)
+	var oldest pgx.Row
+	switch {
+	case sampled:
+		// The oldest in flight of the sample is not the oldest of the
+		// table.
+		oldest = s.pool.QueryRow(ctx, `SELECT `+listColumns+` FROM (
+	SELECT * FROM idem_keys WHERE expires_at > $1 ORDER BY expires_at LIMIT `+strconv.Itoa(maxOldestWalk)+`
+) t WHERE state = 'in_flight' ORDER BY expires_at LIMIT 1`, now)
+	case !oldestAt.IsZero():
+		oldest = s.pool.QueryRow(ctx, `SELECT `+listColumns+` FROM idem_keys
+WHERE tenant_id = $1 AND created_at = $2 AND state = 'in_flight' ORDER BY idem_key LIMIT 1`, oldestTenant, oldestAt)
 	}
-	if err := addHours(c, rows); err != nil {
-		return idem.KeyStats{}, err
-	}
-
-	if !oldestAt.IsZero() {
-		rec, err := scanListed(s.pool.QueryRow(ctx, `SELECT `+listColumns+` FROM idem_keys
-WHERE tenant_id = $1 AND created_at = $2 AND state = 'in_flight' ORDER BY idem_key LIMIT 1`, oldestTenant, oldestAt))
+	if oldest != nil {
+		rec, err := scanListed(oldest)
 		switch {
 		case err == nil:
 			c.SetOldest(rec)
-		case !errors.Is(err, pgx.ErrNoRows): // completed in between: none to show
+		case !errors.Is(err, pgx.ErrNoRows): // none, or completed in between
 			return idem.KeyStats{}, interpretError(err)
 		}
 	}
-	return c.Stats(), nil
+	st := c.Stats()
+	if sampled {
+		st.Estimated = true
+		scale := 100 / pct
+		for i := range st.Tenants {
+			t := &st.Tenants[i]
+			t.InFlight, t.Abandoned, t.Complete, t.Expired = scaled(t.InFlight, scale), scaled(t.Abandoned, scale), scaled(t.Complete, scale), scaled(t.Expired, scale)
+		}
+		for i := range st.Hours {
+			h := &st.Hours[i]
+			h.Claims, h.Completions = scaled(h.Claims, scale), scaled(h.Completions, scale)
+		}
+	}
+	return st, nil
 }
 
 // maxOldestWalk bounds the walk that looks for the oldest record in
 // flight in a sampled KeyStats.
 const maxOldestWalk = 100_000
 
-// sampledStats counts a sample of the table's pages and scales it up.
-func (s *Store) sampledStats(ctx context.Context, c *keylist.Counter, now time.Time, estimate float64) (idem.KeyStats, error) {
-	pct := min(100, 100*sampleRows/estimate)
-	rows, err := s.pool.Query(ctx, `SELECT tenant_id, idem_key, state, locked_until, created_at, completed_at, expires_at
-FROM idem_keys TABLESAMPLE SYSTEM (`+strconv.FormatFloat(pct, 'f', 4, 64)+`)`)
-	if err != nil {
-		return idem.KeyStats{}, interpretError(err)
-	}
-	for rows.Next() {
-		var rec idem.Record
-		var state string
-		var completed *time.Time
-		if err := rows.Scan(&rec.Tenant, &rec.Key, &state, &rec.LockedUntil, &rec.CreatedAt, &completed, &rec.ExpiresAt); err != nil {
-			rows.Close()
-			return idem.KeyStats{}, fmt.Errorf("idempg: stats: %w", err)
-		}
-		rec.State = idem.State(state)
-		if completed != nil {
-			rec.CompletedAt = *completed
-		}
-		c.Add(&rec)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return idem.KeyStats{}, interpretError(err)
-	}
-	// The oldest in flight of the sample is not the oldest of the table.
-	c.SetOldest(nil)
-	rec, err := scanListed(s.pool.QueryRow(ctx, `SELECT `+listColumns+` FROM (
-	SELECT * FROM idem_keys WHERE expires_at > $1 ORDER BY expires_at LIMIT `+strconv.Itoa(maxOldestWalk)+`
-) t WHERE state = 'in_flight' ORDER BY expires_at LIMIT 1`, now))
-	switch {
-	case err == nil:
-		c.SetOldest(rec)
-	case !errors.Is(err, pgx.ErrNoRows):
-		return idem.KeyStats{}, interpretError(err)
-	}
-	st := c.Stats()
-	st.Estimated = true
-	scale := 100 / pct
-	for i := range st.Tenants {
-		t := &st.Tenants[i]
-		t.InFlight, t.Abandoned, t.Complete, t.Expired = scaled(t.InFlight, scale), scaled(t.Abandoned, scale), scaled(t.Complete, scale), scaled(t.Expired, scale)
-	}
-	for i := range st.Hours {
-		h := &st.Hours[i]
-		h.Claims, h.Completions = scaled(h.Claims, scale), scaled(h.Completions, scale)
-	}
-	return st, nil
-}
-
 func scaled(n int, by float64) int { return int(float64(n)*by + 0.5) }
-
-// addHours adds the (hour, claims, completions) rows to c.
-func addHours(c *keylist.Counter, rows pgx.Rows) error {
-	defer rows.Close()
-	for rows.Next() {
-		var h, claims, completions int64
-		if err := rows.Scan(&h, &claims, &completions); err != nil {
-			return fmt.Errorf("idempg: stats: %w", err)
-		}
-		c.AddHour(time.Unix(h*3600, 0), int(claims), int(completions))
-	}
-	return interpretError(rows.Err())
-}
 
 // Forget implements idem.KeyLister: one DELETE, fenced by the token and
 // the complete state.
