@@ -116,7 +116,7 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, 
 // They are variables for the tests.
 var (
 	exactStatsRows float64 = 200_000
-	sampleRows     float64 = 50_000
+	sampleRows     float64 = 20_000
 )
 
 // KeyStats implements idem.KeyLister.
@@ -140,18 +140,15 @@ func (s *Store) KeyStats(ctx context.Context, p idem.StatsParams) (idem.KeyStats
 		return idem.KeyStats{}, interpretError(err)
 	}
 	c := keylist.NewCounter(now)
+	if p.Tenant == "" && estimate > exactStatsRows {
+		return s.sampledStats(ctx, c, now, estimate)
+	}
 	// The tenant's condition is written into the statement, not passed as
 	// "$3 = '' OR tenant_id = $3": a cached generic plan would then scan
 	// the whole table for one tenant.
 	from, args := `idem_keys`, []any{now, keylist.HoursStart(now)}
-	sampled := p.Tenant == "" && estimate > exactStatsRows
-	pct := 100.0
-	switch {
-	case p.Tenant != "":
+	if p.Tenant != "" {
 		from, args = `idem_keys WHERE tenant_id = $3`, append(args, p.Tenant)
-	case sampled:
-		pct = min(100, 100*sampleRows/estimate)
-		from = `idem_keys TABLESAMPLE SYSTEM (` + strconv.FormatFloat(pct, 'f', 4, 64) + `)`
 	}
 	count := func(status idem.KeyStatus) string {
 		return `count(*) FILTER (WHERE ` + statusConditions[status] + `)`
@@ -202,46 +199,75 @@ FROM r WHERE completed_at >= $2 GROUP BY 3`, args...)
 		return idem.KeyStats{}, interpretError(err)
 	}
 
-	var oldest pgx.Row
-	switch {
-	case sampled:
-		// The oldest in flight of the sample is not the oldest of the
-		// table.
-		oldest = s.pool.QueryRow(ctx, `SELECT `+listColumns+` FROM (
-	SELECT * FROM idem_keys WHERE expires_at > $1 ORDER BY expires_at LIMIT `+strconv.Itoa(maxOldestWalk)+`
-) t WHERE state = 'in_flight' ORDER BY expires_at LIMIT 1`, now)
-	case !oldestAt.IsZero():
-		oldest = s.pool.QueryRow(ctx, `SELECT `+listColumns+` FROM idem_keys
-WHERE tenant_id = $1 AND created_at = $2 AND state = 'in_flight' ORDER BY idem_key LIMIT 1`, oldestTenant, oldestAt)
-	}
-	if oldest != nil {
-		rec, err := scanListed(oldest)
+	if !oldestAt.IsZero() {
+		rec, err := scanListed(s.pool.QueryRow(ctx, `SELECT `+listColumns+` FROM idem_keys
+WHERE tenant_id = $1 AND created_at = $2 AND state = 'in_flight' ORDER BY idem_key LIMIT 1`, oldestTenant, oldestAt))
 		switch {
 		case err == nil:
 			c.SetOldest(rec)
-		case !errors.Is(err, pgx.ErrNoRows): // none, or completed in between
+		case !errors.Is(err, pgx.ErrNoRows): // completed in between: none to show
 			return idem.KeyStats{}, interpretError(err)
 		}
 	}
-	st := c.Stats()
-	if sampled {
-		st.Estimated = true
-		scale := 100 / pct
-		for i := range st.Tenants {
-			t := &st.Tenants[i]
-			t.InFlight, t.Abandoned, t.Complete, t.Expired = scaled(t.InFlight, scale), scaled(t.Abandoned, scale), scaled(t.Complete, scale), scaled(t.Expired, scale)
-		}
-		for i := range st.Hours {
-			h := &st.Hours[i]
-			h.Claims, h.Completions = scaled(h.Claims, scale), scaled(h.Completions, scale)
-		}
-	}
-	return st, nil
+	return c.Stats(), nil
 }
 
 // maxOldestWalk bounds the walk that looks for the oldest record in
 // flight in a sampled KeyStats.
 const maxOldestWalk = 100_000
+
+// sampledStats counts a sample of the table's pages in Go (measured
+// faster, on a busy machine, than aggregating the sample in SQL three
+// ways) and scales it up.
+func (s *Store) sampledStats(ctx context.Context, c *keylist.Counter, now time.Time, estimate float64) (idem.KeyStats, error) {
+	pct := min(100, 100*sampleRows/estimate)
+	rows, err := s.pool.Query(ctx, `SELECT tenant_id, state, locked_until, created_at, completed_at, expires_at
+FROM idem_keys TABLESAMPLE SYSTEM (`+strconv.FormatFloat(pct, 'f', 4, 64)+`)`)
+	if err != nil {
+		return idem.KeyStats{}, interpretError(err)
+	}
+	for rows.Next() {
+		var rec idem.Record
+		var state string
+		var completed *time.Time
+		if err := rows.Scan(&rec.Tenant, &state, &rec.LockedUntil, &rec.CreatedAt, &completed, &rec.ExpiresAt); err != nil {
+			rows.Close()
+			return idem.KeyStats{}, fmt.Errorf("idempg: stats: %w", err)
+		}
+		rec.State = idem.State(state)
+		if completed != nil {
+			rec.CompletedAt = *completed
+		}
+		c.Add(&rec)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return idem.KeyStats{}, interpretError(err)
+	}
+	// The oldest in flight of the sample is not the oldest of the table.
+	c.SetOldest(nil)
+	rec, err := scanListed(s.pool.QueryRow(ctx, `SELECT `+listColumns+` FROM (
+	SELECT * FROM idem_keys WHERE expires_at > $1 ORDER BY expires_at LIMIT `+strconv.Itoa(maxOldestWalk)+`
+) t WHERE state = 'in_flight' ORDER BY expires_at LIMIT 1`, now))
+	switch {
+	case err == nil:
+		c.SetOldest(rec)
+	case !errors.Is(err, pgx.ErrNoRows):
+		return idem.KeyStats{}, interpretError(err)
+	}
+	st := c.Stats()
+	st.Estimated = true
+	scale := 100 / pct
+	for i := range st.Tenants {
+		t := &st.Tenants[i]
+		t.InFlight, t.Abandoned, t.Complete, t.Expired = scaled(t.InFlight, scale), scaled(t.Abandoned, scale), scaled(t.Complete, scale), scaled(t.Expired, scale)
+	}
+	for i := range st.Hours {
+		h := &st.Hours[i]
+		h.Claims, h.Completions = scaled(h.Claims, scale), scaled(h.Completions, scale)
+	}
+	return st, nil
+}
 
 func scaled(n int, by float64) int { return int(float64(n)*by + 0.5) }
 
