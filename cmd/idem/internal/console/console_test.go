@@ -224,3 +224,49 @@ func TestSafeNext(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseRefusedWhenTheLeaseMoved: the holder extended its lease
+// after the operator looked; the release is refused and offered again on
+// the record as it is now, and goes through once confirmed again.
+func TestReleaseRefusedWhenTheLeaseMoved(t *testing.T) {
+	srv, st, _ := newTestConsole(t)
+	claim(t, st, "t", "busy", 3, "")
+	c, csrf := login(t, srv)
+	rec, err := st.Get(context.Background(), "t", "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := rec.LockedUntil.UTC().Format(time.RFC3339Nano)
+	// The heartbeat of a live holder.
+	if err := st.Extend(context.Background(), idem.ExtendParams{Tenant: "t", Key: "busy", Token: 3, Lease: 5 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	form := url.Values{"csrf": {csrf}, "reason": {"looks stuck"}, "confirm": {"yes"}, "token": {"3"}, "seen": {seen}}
+	resp, err := c.PostForm(srv.URL+keyPath("t", "busy")+"/release", form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), "its holder is alive") || !strings.Contains(string(body), "Release anyway") {
+		t.Fatalf("release after the lease moved: %d\n%s", resp.StatusCode, body)
+	}
+	if _, err := st.Get(context.Background(), "t", "busy"); err != nil {
+		t.Fatalf("the refused release removed the key: %v", err)
+	}
+	if !strings.Contains(string(body), "yes: a heartbeat moved it") {
+		t.Errorf("the page does not say the lease was extended:\n%s", body)
+	}
+	form.Set("force", "1")
+	resp, err = c.PostForm(srv.URL+keyPath("t", "busy")+"/release", form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("release confirmed again: %d", resp.StatusCode)
+	}
+	if _, err := st.Get(context.Background(), "t", "busy"); err == nil {
+		t.Error("the key is still there after the release confirmed again")
+	}
+}
