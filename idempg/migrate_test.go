@@ -39,8 +39,8 @@ func TestMigrateAddsStepsToEarlierSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	pending, err := idemmigrate.Pending(ctx, db, idemmigrate.Postgres)
-	if err != nil || !slices.Equal(pending, []string{"0003_idem_steps", "0004_idem_waiters", "0005_idem_notify_token"}) {
-		t.Fatalf("pending on the earlier schema: %v, %v; want 0003_idem_steps, 0004_idem_waiters, 0005_idem_notify_token", pending, err)
+	if err != nil || !slices.Equal(pending, []string{"0003_idem_steps", "0004_idem_waiters", "0005_idem_notify_token", "0006_idem_keys_list"}) {
+		t.Fatalf("pending on the earlier schema: %v, %v; want 0003_idem_steps, 0004_idem_waiters, 0005_idem_notify_token, 0006_idem_keys_list", pending, err)
 	}
 	if err := idempg.Migrate(ctx, e.pool); err != nil {
 		t.Fatal(err)

@@ -84,6 +84,7 @@ func Exercise(ctx context.Context, t *testing.T, newFixture func(t *testing.T) *
 	t.Run("Steps", s.steps)
 	t.Run("Wait", s.wait)
 	t.Run("StoreErrors", s.storeErrors)
+	t.Run("Listing", s.listing)
 }
 
 // info checks that the store describes itself as the suite was told it

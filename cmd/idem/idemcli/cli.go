@@ -88,6 +88,8 @@ func commands() []command {
 		{name: "migrate", summary: "create or update the idempotency records table", run: runMigrate},
 		{name: "purge", summary: "delete idempotency records past their retention, once", run: runPurge},
 		{name: "inspect", summary: "print the idempotency record of one key: state, lease, stored answer", run: runInspect},
+		{name: "keys", summary: "list the idempotency records, release a key in flight, forget a completed one", run: runKeys},
+		{name: "console", summary: "serve the operator console: records by state, keys, release and forget", run: runConsole},
 		{name: "check", summary: "fire identical requests with one key at a live API and verify one effect", main: runCheck},
 		{name: "version", summary: "print the version of idem", run: runVersion},
 	}
