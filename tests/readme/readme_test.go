@@ -100,6 +100,11 @@ var fragments = map[string]struct{ imports, before, after string }{
 		before:  "func main() {\nstore := idemmem.NewStore(nil)\n",
 		after:   "_ = engine\n}\n",
 	},
+	`inbox, err := ideminbox.NewInbox(engine, &ideminbox.Config{Consumer: "order-projector"})`: {
+		imports: `"context"; "log"; "github.com/idem-go/idem"; "github.com/idem-go/idem/idemmem"; "github.com/idem-go/idem/ideminbox"`,
+		before:  "func main() {\nctx := context.Background()\nengine, err := idem.NewEngine(idemmem.NewStore(nil), nil)\nif err != nil {\nlog.Fatal(err)\n}\nmsgID, attempt := \"m-1\", 1\nhandle := func(ctx context.Context) error { return nil }\n",
+		after:   "_, _ = decision, err\n}\n",
+	},
 	`client := idemclient.NewClient(&idemclient.Transport{MaxAttempts: 3, AttemptTimeout: 5 * time.Second})`: {
 		imports: `"context"; "net/http"; "strings"; "time"; "github.com/idem-go/idem/idemclient"`,
 		before:  "func main() {\nctx := context.Background()\n",
