@@ -21,11 +21,11 @@ func (e *otelEnv) everyText() []string {
 	var out []string
 	for _, s := range e.spans.Ended() {
 		for _, a := range s.Attributes() {
-			out = append(out, string(a.Key)+"="+a.Value.Emit())
+			out = append(out, string(a.Key)+"="+a.Value.String())
 		}
 		for _, ev := range s.Events() {
 			for _, a := range ev.Attributes {
-				out = append(out, ev.Name+"."+string(a.Key)+"="+a.Value.Emit())
+				out = append(out, ev.Name+"."+string(a.Key)+"="+a.Value.String())
 			}
 		}
 	}

@@ -103,7 +103,9 @@ func TestCLIErrorsOneClearLine(t *testing.T) {
 		{"metrics-addr on the API's", func(t *testing.T) []string {
 			return []string{"serve", "--addr", "127.0.0.1:3999", "--metrics-addr", "127.0.0.1:3999"}
 		}, ExitUsage, `^idem serve: --metrics-addr "127\.0\.0\.1:3999" is --addr's address`, "listening"},
-		{"keys unreachable", func(t *testing.T) []string { return []string{"serve", "--addr", "127.0.0.1:0", "--keys", "redis://127.0.0.1:1/0"} },
+		{"keys unreachable", func(t *testing.T) []string {
+			return []string{"serve", "--addr", "127.0.0.1:0", "--keys", "redis://127.0.0.1:1/0"}
+		},
 			ExitFailure, `^idem serve: cannot reach Redis at 127\.0\.0\.1:1: `, ""},
 		{"keys database out of range", func(t *testing.T) []string {
 			u, err := url.Parse(testenv.RedisURL(t))
