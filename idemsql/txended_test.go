@@ -206,3 +206,30 @@ func waitBlocked(ctx context.Context, t *testing.T, db *sql.DB, pid int) {
 		}
 	}
 }
+
+// TestMySQLDDLThen5xxNotStored: DDL commits the handler's transaction
+// implicitly, with no error to show for it; a 5xx answered after it
+// (stored without its writes otherwise) is not stored either: the
+// rollback finds the transaction gone, Do reports ErrTxEnded, the key is
+// released.
+func TestMySQLDDLThen5xxNotStored(t *testing.T) {
+	s := newMySQLShop(t, nil)
+	ctx := context.Background()
+	op := idem.Operation{Tenant: newName("tenant"), Key: "ddl-5xx"}
+	_, err := s.engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
+		if err := s.insertOrder(ctx, op.Key, "first"); err != nil {
+			return idem.Result{}, err
+		}
+		if _, err := idemsql.TxFromContext(ctx).ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (order_key VARCHAR(255))`); err != nil {
+			return idem.Result{}, err
+		}
+		idem.RollbackWrites(ctx)
+		return idem.Result{Status: 503}, nil
+	})
+	if !errors.Is(err, idem.ErrStore) || !errors.Is(err, idemsql.ErrTxEnded) {
+		t.Errorf("Do = %v, want a store error wrapping ErrTxEnded", err)
+	}
+	if rec, err := s.store.Get(ctx, op.Tenant, op.Key); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get = %+v, %v; want ErrNotFound (nothing stored, key released)", rec, err)
+	}
+}
