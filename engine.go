@@ -554,7 +554,7 @@ func (x *execution) completed(ctx context.Context, res Result, err error) (Outco
 		// The handler's own failure, not the store's: it answered a
 		// success whose writes a failed statement had undone.
 		x.e.config.Logger.ErrorContext(x.ctx, "idem: the handler answered a success after a failed statement aborted its transaction; nothing stored, key released",
-			slog.String("store", e.info.Name), slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key), slog.Int("status", res.Status))
+			slog.String("store", e.info.Name), tenantAttr(x.op.Tenant), slog.String("key", x.op.Key), slog.Int("status", res.Status))
 		e.release(x.ctx, x.op, x.token)
 		return Outcome{}, err
 	}
@@ -667,8 +667,8 @@ func (x *execution) warnStepsKept(reason string, cause error) {
 	e := x.e
 	e.config.Logger.WarnContext(x.ctx, "idem: the execution recorded steps and ends without completing; the steps are kept with the key, and a retry of the same request takes it over and gets their results instead of running them again",
 		slog.String("reason", reason), slog.String("store", e.info.Name),
-		slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key),
-		slog.Any("steps", names), slog.Any("error", cause))
+		tenantAttr(x.op.Tenant), slog.String("key", x.op.Key),
+		slog.Any("steps", names), errorAttr(cause))
 }
 
 // rollback abandons the unit of work, and says so when the handler ran
@@ -686,8 +686,8 @@ func (x *execution) keepInFlight(reason string, cause error) {
 	e := x.e
 	e.config.Logger.WarnContext(x.ctx, "idem: the key stays in flight until its lease ends, since the handler's effects cannot be undone and a retry would repeat them",
 		slog.String("reason", reason), slog.String("store", e.info.Name),
-		slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key),
-		slog.Duration("lease", e.config.Lease), slog.Any("error", cause))
+		tenantAttr(x.op.Tenant), slog.String("key", x.op.Key),
+		slog.Duration("lease", e.config.Lease), errorAttr(cause))
 	x.warnStepsKept(reason, cause)
 }
 
@@ -699,7 +699,7 @@ func (e *Engine) tookOver(ctx context.Context, op Operation, claim *ClaimResult)
 		point = claim.Steps[n-1].Name
 	}
 	e.config.Logger.InfoContext(ctx, "idem: key taken over from an earlier execution whose lease ended",
-		slog.String("store", e.info.Name), slog.String("tenant", op.Tenant), slog.String("key", op.Key),
+		slog.String("store", e.info.Name), tenantAttr(op.Tenant), slog.String("key", op.Key),
 		slog.String("recovery_point", point))
 	e.traceLease(ctx, LeaseTakeover, nil)
 }
@@ -711,7 +711,7 @@ func (e *Engine) lostLease(ctx context.Context, op Operation, foundBy string) {
 	if !e.info.Transactional {
 		e.config.Logger.WarnContext(ctx, "idem: lease lost to a takeover; the answer is discarded and the handler's effects stand",
 			slog.String("found_by", foundBy), slog.String("store", e.info.Name),
-			slog.String("tenant", op.Tenant), slog.String("key", op.Key))
+			tenantAttr(op.Tenant), slog.String("key", op.Key))
 	}
 	e.traceLease(ctx, LeaseLost, nil)
 }
@@ -723,7 +723,7 @@ func (e *Engine) warnRolledBack(ctx context.Context, op Operation, reason string
 	}
 	e.config.Logger.WarnContext(ctx, "idem: the handler ran and its writes were rolled back; effects it made outside the store's transaction stand",
 		slog.String("reason", reason), slog.String("store", e.info.Name),
-		slog.String("tenant", op.Tenant), slog.String("key", op.Key), slog.Any("error", cause))
+		tenantAttr(op.Tenant), slog.String("key", op.Key), errorAttr(cause))
 }
 
 func callHandler(ctx context.Context, fn func(ctx context.Context) (Result, error)) (res Result, err error) {
@@ -744,7 +744,7 @@ func (e *Engine) release(ctx context.Context, op Operation, token int64) {
 		// The record stays in flight until its lease ends, then a retry
 		// takes it over: safe, only slower.
 		e.config.Logger.WarnContext(ctx, "idem: release failed; the key stays locked until its lease ends",
-			slog.String("tenant", op.Tenant), slog.String("key", op.Key), slog.Any("error", err))
+			tenantAttr(op.Tenant), slog.String("key", op.Key), errorAttr(err))
 	}
 }
 

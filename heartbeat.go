@@ -243,7 +243,7 @@ func (k *keeper) extend(l *lease) {
 		// A store hiccup: the lease still runs for a while; try again at
 		// the next tick rather than waiting a whole interval.
 		k.logger.Warn("idem: lease heartbeat failed; retrying at the next tick", slog.String("store", k.storeName),
-			slog.String("key", l.params.Key), slog.Any("error", err))
+			slog.String("key", l.params.Key), errorAttr(err))
 		l.due = k.ticks + 1
 		failed, opCtx = true, l.ctx
 	default:

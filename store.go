@@ -119,7 +119,10 @@ type UnitOfWork interface {
 	// and returns an error.
 	Complete(ctx context.Context, p CompleteParams) error
 
-	// Rollback abandons the unit of work. The record stays in flight.
+	// Rollback abandons the unit of work. The record stays in flight. It
+	// returns an error when the database had ended the transaction under
+	// the handler (a deadlock): the engine then stores nothing, not even
+	// an answer meant to be stored without the writes (RollbackWrites).
 	Rollback(ctx context.Context) error
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemclient"
 	"github.com/idem-go/idem/ideminbox"
+	"github.com/idem-go/idem/internal/fieldtext"
 )
 
 // ScopeName is the instrumentation scope of the spans and metrics.
@@ -270,7 +271,7 @@ func (t *Tracer) TraceOperationStart(ctx context.Context, d idem.TraceOperationS
 	if span.IsRecording() {
 		attrs := []attribute.KeyValue{KeyStore.String(d.Store), KeyKeyHash.String(KeyHash(d.Tenant, d.Key))}
 		if t.recordTenant {
-			attrs = append(attrs, KeyTenant.String(d.Tenant))
+			attrs = append(attrs, KeyTenant.String(fieldtext.Escape(d.Tenant)))
 		}
 		span.SetAttributes(attrs...)
 	}
@@ -309,7 +310,7 @@ func (t *Tracer) TraceOperationEnd(ctx context.Context, d idem.TraceOperationEnd
 		span.SetAttributes(attrs...)
 		if failed(d.Outcome) && !front {
 			if d.Err != nil {
-				span.RecordError(d.Err)
+				recordError(span, d.Err)
 			}
 			span.SetStatus(codes.Error, d.Outcome.String())
 		}
@@ -357,7 +358,7 @@ func (t *Tracer) TraceStoreEnd(ctx context.Context, d idem.TraceStoreEndData) {
 	span.SetAttributes(KeyStoreResult.String(d.Result.String()))
 	if d.Result == idem.StoreFailed {
 		if d.Err != nil {
-			span.RecordError(d.Err)
+			recordError(span, d.Err)
 		}
 		span.SetStatus(codes.Error, "store call failed")
 	}
@@ -378,7 +379,7 @@ func (t *Tracer) TraceLease(ctx context.Context, d idem.TraceLeaseData) {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		opts := []trace.EventOption{trace.WithAttributes(KeyStore.String(d.Store))}
 		if d.Err != nil {
-			opts = append(opts, trace.WithAttributes(attribute.String("exception.message", d.Err.Error())))
+			opts = append(opts, trace.WithAttributes(attribute.String("exception.message", errorText(d.Err))))
 		}
 		span.AddEvent("idem.lease."+d.Event.String(), opts...)
 	}
@@ -400,7 +401,7 @@ func (t *Tracer) TracePurge(ctx context.Context, d idem.TracePurgeData) {
 	_, span := t.tracer.Start(ctx, "idem.purge", trace.WithTimestamp(end.Add(-d.Duration)), trace.WithAttributes(
 		KeyStore.String(d.Store), KeyPurgeDeleted.Int(d.Deleted), KeyPurgeBatches.Int(d.Batches)))
 	if d.Err != nil && !cancelled {
-		span.RecordError(d.Err)
+		recordError(span, d.Err)
 		span.SetStatus(codes.Error, "purge failed")
 	}
 	span.End(trace.WithTimestamp(end))
@@ -439,7 +440,7 @@ func (t *Tracer) TraceRequestEnd(ctx context.Context, d idem.TraceRequestEndData
 		span.SetAttributes(attrs...)
 		if requestFailed(d.Outcome) {
 			if d.Err != nil {
-				span.RecordError(d.Err)
+				recordError(span, d.Err)
 			}
 			span.SetStatus(codes.Error, d.Outcome.String())
 		}
@@ -453,7 +454,7 @@ func (t *Tracer) TraceRequestEnd(ctx context.Context, d idem.TraceRequestEndData
 func (t *Tracer) TraceMessageStart(ctx context.Context, d ideminbox.TraceMessageStartData) context.Context {
 	ctx, span := t.tracer.Start(ctx, "idem.message", trace.WithSpanKind(trace.SpanKindConsumer))
 	if span.IsRecording() {
-		span.SetAttributes(KeyConsumer.String(d.Consumer), KeyDestination.String(d.Subject))
+		span.SetAttributes(KeyConsumer.String(fieldtext.Escape(d.Consumer)), KeyDestination.String(fieldtext.Escape(d.Subject)))
 	}
 	return &frontCtx{Context: ctx, span: span}
 }
@@ -465,7 +466,7 @@ func (t *Tracer) TraceMessageEnd(ctx context.Context, d ideminbox.TraceMessageEn
 	if span.IsRecording() {
 		span.SetAttributes(KeyInboxAction.String(d.Action.String()), KeyOutcome.String(d.Action.String()))
 		if d.Err != nil && d.Action != ideminbox.Ack && d.Action != ideminbox.AckDuplicate {
-			span.RecordError(d.Err)
+			recordError(span, d.Err)
 		}
 	}
 	span.End()
@@ -495,7 +496,7 @@ func (t *Tracer) TraceAttemptEnd(ctx context.Context, d idemclient.TraceAttemptE
 		}
 		span.SetAttributes(attrs...)
 		if d.Err != nil {
-			span.RecordError(d.Err)
+			recordError(span, d.Err)
 			span.SetStatus(codes.Error, d.Outcome.String())
 		}
 	}

@@ -45,6 +45,16 @@
 // may fail in a savepoint and roll back to it: the transaction is then
 // live again and commits normally.
 //
+// A deadlock or a serialization failure (SQLSTATE class 40: 40P01, 40001)
+// rolls the transaction back for good, unless the handler rolls back to a
+// savepoint taken before it: then nothing of the execution is stored,
+// whatever the handler answers (a 5xx and an answer after Rollback
+// included), since the retry would succeed where this run did not. The
+// engine releases the key and reports a store error (HTTP 503); the
+// statements after it, Rollback and the completion fail with an error
+// wrapping ErrTxEnded, which does not unwrap to the deadlock, so a helper
+// that retries a statement on a deadlock stops at once.
+//
 // Two endings are never stored, since idem cannot tell what committed: a
 // transaction the handler ended itself through Conn (sending COMMIT or
 // ROLLBACK, or pgx's Conn.Begin), and one whose connection was lost (the

@@ -204,6 +204,9 @@ const (
 	// PostgreSQL: in_failed_sql_transaction. A statement failed earlier
 	// and the transaction accepts nothing but ROLLBACK.
 	postgresTxAborted = "25P02"
+	// PostgreSQL: class 40, transaction rollback (40001
+	// serialization_failure, 40P01 deadlock_detected, …).
+	postgresRollbackClass = "40"
 )
 
 // sqliteCode returns the primary SQLite result code of err, read through

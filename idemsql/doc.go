@@ -61,15 +61,19 @@
 // rolled back.
 //
 // The database may also end the transaction under the handler: a deadlock
-// or a full lock table (InnoDB rolls the transaction back), a lock wait
+// or a full lock table (InnoDB rolls the transaction back), a deadlock or a
+// serialization failure on PostgreSQL (SQLSTATE class 40), a lock wait
 // timeout when innodb_rollback_on_timeout is on, an I/O error or an
 // interrupt on SQLite (a statement whose context is cancelled is
 // interrupted, and SQLite then rolls back the whole transaction), DDL on
-// MySQL (an implicit commit). Then nothing of the execution is ever stored
-// as a success: the statement that revealed the end, and every later one,
-// fails with a *TxEndedError (ErrTxEnded), and the completion refuses to
-// store anything: the engine rolls back and releases the key, the client
-// gets an error answer, and its retry runs again. The completion checks
+// MySQL (an implicit commit). Then nothing of the execution is ever stored,
+// whatever the handler answers (a 5xx, an answer after Tx.Rollback or
+// idem.RollbackWrites included): the statement that revealed the end, and
+// every later one, fails with a *TxEndedError (ErrTxEnded; only the first
+// unwraps to the driver's error, so that a statement retried on a deadlock
+// stops), and the completion refuses to store anything: the engine rolls
+// back and releases the key, the client gets a store error (HTTP 503), and
+// its retry runs again. The completion checks
 // that its transaction is still the one it began, so an end no error
 // revealed is caught too.
 //

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idem-go/idem"
 )
@@ -116,6 +117,11 @@ func (s *Store) Dialect() Dialect { return Dialect{s.d} }
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	if s.d.maxTenant > 0 && len(p.Tenant) > s.d.maxTenant {
 		return idem.ClaimResult{}, idem.NotApplied(fmt.Errorf("idemsql: claim: the tenant is %d bytes long, the %s table holds %d", len(p.Tenant), s.d.name, s.d.maxTenant))
+	}
+	if s.d.kind == kindPostgres && !pgText(p.Tenant) {
+		// Refused here, in words that never quote it: PostgreSQL's own
+		// error would, in part, and a tracer exports error texts.
+		return idem.ClaimResult{}, idem.NotApplied(fmt.Errorf("idemsql: claim: the tenant is not valid UTF-8 text without NUL bytes, which PostgreSQL's text cannot hold (%d bytes; its value is not shown)", len(p.Tenant)))
 	}
 	rec, replay, err := s.peek(ctx, p.Tenant, p.Key)
 	if err != nil {
@@ -763,3 +769,7 @@ func nullBytes(b []byte) any {
 	}
 	return b
 }
+
+// pgText reports whether PostgreSQL's text can hold s: valid UTF-8
+// without NUL bytes.
+func pgText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -65,10 +66,6 @@ type unit struct {
 	state unitState
 	conn  *sql.Conn
 	cause error // unitEnded: the error that revealed the end
-	// undone is true when the end is known to have undone the writes
-	// (unitEnded by a rollback: a deadlock, a lost connection), false
-	// when it may have committed them (DDL on MySQL).
-	undone bool
 	// mark is the value SET LOCAL gave idem.unit in this transaction
 	// (Postgres).
 	mark string
@@ -132,7 +129,7 @@ func (u *unit) use(ctx context.Context) (*sql.Conn, error) {
 		}
 		return u.conn, nil
 	case unitEnded:
-		return nil, &TxEndedError{Cause: u.cause}
+		return nil, txGone(u.cause)
 	case unitRolledBack:
 		return nil, ErrTxRolledBack
 	}
@@ -221,7 +218,6 @@ func (u *unit) failed(ctx context.Context, conn *sql.Conn, err error) error {
 	}
 	u.state = unitEnded
 	u.cause = err
-	u.undone = true
 	u.finish(ctx)
 	return &TxEndedError{Cause: err}
 }
@@ -246,6 +242,13 @@ func (u *unit) endedBy(ctx context.Context, conn *sql.Conn, err error) bool {
 		case mysqlLockWaitTimeout:
 			return u.s.rollsBackOnTimeout(ctx, conn)
 		}
+	case kindPostgres:
+		// A deadlock or a serialization failure (class 40, "transaction
+		// rollback"): the server keeps the transaction open but aborted,
+		// and it can never commit. Unlike another failed statement,
+		// whose answer the handler may mean (a unique violation answered
+		// 409), it says nothing of the request: the retry would succeed.
+		return strings.HasPrefix(postgresState(err), postgresRollbackClass)
 	case kindSQLite:
 		// SQLite may roll the whole transaction back after an error
 		// (SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM, an interrupt, which
@@ -259,8 +262,8 @@ func (u *unit) endedBy(ctx context.Context, conn *sql.Conn, err error) bool {
 			return true
 		}
 	}
-	// PostgreSQL never ends a transaction on an error: it aborts it, and
-	// the completion stores the answer alone (see complete).
+	// PostgreSQL aborts the transaction on any other error, and the
+	// completion stores the answer alone (see complete).
 	return false
 }
 
@@ -313,7 +316,7 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) (err error) 
 	case unitIdle, unitRolledBack:
 		return u.s.completeAlone(ctx, p)
 	case unitEnded:
-		return &TxEndedError{Cause: u.cause}
+		return txGone(u.cause)
 	case unitDone:
 		return errUnitDone
 	}
@@ -520,15 +523,33 @@ func (u *unit) release() {
 }
 
 // Rollback implements idem.UnitOfWork. After Complete it does nothing.
+//
+// It returns a *TxEndedError when the database had ended the transaction
+// (found now on MySQL and SQLite, where a savepoint marks it): the engine
+// then stores nothing, not even an answer meant to be stored without the
+// writes (idem.RollbackWrites, a 5xx), since an answer given after a
+// deadlock or an implicit commit says nothing of the request.
 func (u *unit) Rollback(ctx context.Context) error {
 	u.stmts.Lock()
 	defer u.stmts.Unlock()
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if u.state == unitOpen {
-		u.finish(ctx)
-	}
+	state := u.state
 	u.state = unitDone
+	switch state {
+	case unitEnded:
+		return txGone(u.cause)
+	case unitOpen:
+		var err error
+		if u.s.d.kind != kindPostgres {
+			// One round trip, on a path that is rolling back anyway.
+			err = u.checkIntact(ctx)
+		}
+		u.finish(ctx)
+		if err != nil {
+			return txGone(err)
+		}
+	}
 	return nil
 }
 
@@ -544,12 +565,9 @@ func (u *unit) rollbackByHandler() error {
 		u.state = unitRolledBack
 		return nil
 	case unitEnded:
-		if !u.undone {
-			return &TxEndedError{Cause: u.cause}
-		}
-		// The database rolled the writes back already.
-		u.state = unitRolledBack
-		return nil
+		// The unit stays ended: an answer given after the database ended
+		// the transaction (a deadlock) is never stored, not even alone.
+		return txGone(u.cause)
 	case unitDone:
 		return errUnitDone
 	}
@@ -562,7 +580,7 @@ func (u *unit) rollbackByHandler() error {
 		u.state = unitEnded
 		u.cause = err
 		u.finish(ctx)
-		return &TxEndedError{Cause: err}
+		return txGone(err)
 	}
 	u.state = unitRolledBack
 	u.finish(ctx)

@@ -129,6 +129,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "-h", "-help", "--help", "help":
 		printMainHelp(stdout)
 		return ExitOK
+	case "-version", "--version":
+		name = "version"
+		args = append([]string{name}, args[1:]...)
 	}
 	for _, c := range commands() {
 		if c.name != name {
@@ -151,7 +154,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return ExitFailure
 	}
-	fmt.Fprintf(stderr, "idem: unknown command %s (run \"idem --help\" for the list)\n", quoteArg(name))
+	fmt.Fprintln(stderr, unknownCommand(name))
 	return ExitUsage
 }
 
@@ -192,8 +195,7 @@ func parseFlags(fs *flag.FlagSet, help string, args []string, stdout io.Writer) 
 			printFlags(stdout, fs)
 			return flag.ErrHelp
 		}
-		// The flag package names flags with one dash; the help uses two.
-		return &usageError{msg: strings.Replace(err.Error(), " -", " --", 1)}
+		return flagParseError(fs, err)
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %s (run \"idem %s --help\")", quoteArg(fs.Arg(0)), fs.Name())

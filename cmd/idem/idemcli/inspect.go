@@ -135,7 +135,7 @@ func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 		return fmt.Errorf("%w for key %s under tenant %s (never used, released after a failure, or purged)", errNoRecord, strconv.Quote(key), strconv.Quote(tenant))
 	}
 	if err != nil {
-		return fmt.Errorf("read the record: %w", err)
+		return fmt.Errorf("read the record: %w", notMigrated(err))
 	}
 	now := time.Now()
 	if c.Now != nil {
