@@ -387,7 +387,7 @@ func TestWatchWithoutMigration(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
-	st := must(idempg.NewStore(pool, nil))
+	st := testenv.Must(idempg.NewStore(pool, nil))
 	p := claimIn(t, st, "t", "k", time.Hour)
 	if _, _, err := st.Watch(ctx, p.Tenant, p.Key); err == nil || !strings.Contains(err.Error(), "Migrate") {
 		t.Fatalf("Watch without the waiters column = %v, want an error saying to run Migrate", err)
