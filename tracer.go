@@ -396,7 +396,10 @@ type RequestTracer interface {
 
 // TraceRequestStartData describes a request that arrives.
 type TraceRequestStartData struct {
-	Method string
+	// Protocol names the front end's protocol: "grpc", "connect"; empty
+	// for HTTP (idemhttp and the routers built on it).
+	Protocol string
+	Method   string
 	// Route is the route's pattern ("/orders/{id}"), never the raw path;
 	// "unmatched" when the router named none.
 	Route string
@@ -404,9 +407,11 @@ type TraceRequestStartData struct {
 
 // TraceRequestEndData describes a request that was answered.
 type TraceRequestEndData struct {
-	Method  string
-	Route   string
-	Outcome RequestOutcome
+	// Protocol is TraceRequestStartData.Protocol.
+	Protocol string
+	Method   string
+	Route    string
+	Outcome  RequestOutcome
 	// Status is the status sent; 0 when the request passed through (the
 	// front end did not watch the answer).
 	Status int
