@@ -186,6 +186,8 @@ type Options struct {
 	MaxResponseBytes int
 	Shutdown         context.Context
 	Logger           *slog.Logger
+	// TenantPerCall: every Call names its tenant (Call.Tenant).
+	TenantPerCall bool
 	// Front names the front end in logs ("idemgrpc"); Protocol in traces
 	// ("grpc", "connect").
 	Front, Protocol string
@@ -204,7 +206,7 @@ type Core struct {
 
 // New returns the core over engine.
 func New(engine *idem.Engine, opts Options) (*Core, error) {
-	if opts.TenantFunc == nil && !opts.SharedKeySpace {
+	if opts.TenantFunc == nil && !opts.SharedKeySpace && !opts.TenantPerCall {
 		return nil, errors.New(opts.Front + ": TenantFunc is required (or SharedKeySpace for a service with one caller)")
 	}
 	front, err := idemfront.New(engine, &idemfront.Config{RetryAfter: opts.RetryAfter})
@@ -296,6 +298,10 @@ type Reply struct {
 	Status *spb.Status
 	// Header and Trailer are the metadata sent with the answer.
 	Header, Trailer map[string][]string
+	// Fresh: this is the handler's own answer, as Handler returned it
+	// (executed, not stored, or passed through): a front end may send
+	// what its handler returned instead of rebuilding it.
+	Fresh bool
 }
 
 // Handler runs the protected method on ctx and returns its answer, with
@@ -310,6 +316,9 @@ type Call struct {
 	// failure of the configured key function, answered INVALID_ARGUMENT.
 	Keys   []string
 	KeyErr error
+	// Tenant, when set, names the caller instead of Options.TenantFunc
+	// (for a protocol whose request carries what its context does not).
+	Tenant func(ctx context.Context) (string, error)
 }
 
 // Serve runs call through the engine (or, without a key, straight
@@ -351,11 +360,17 @@ func (c *Core) serve(caller context.Context, call Call, h Handler, t *trace) (Re
 		if c.opts.RequireKey {
 			return c.refuse(idemfront.KeyRequired, nil), idemfront.KeyRequired
 		}
-		return h(caller), idemfront.Passthrough
+		r := h(caller)
+		r.Fresh = true
+		return r, idemfront.Passthrough
 	}
 	tenant := ""
 	if !c.opts.SharedKeySpace {
-		tenant, err = c.opts.TenantFunc(caller)
+		tenantFunc := c.opts.TenantFunc
+		if call.Tenant != nil {
+			tenantFunc = call.Tenant
+		}
+		tenant, err = tenantFunc(caller)
 		if err != nil {
 			return c.refuse(idemfront.Unauthenticated, err), idemfront.Unauthenticated
 		}
@@ -403,6 +418,7 @@ func (c *Core) serve(caller context.Context, call Call, h Handler, t *trace) (Re
 		a.Log(caller, c.opts.Logger, c.opts.Front, key)
 		return c.answer(a), a.Kind
 	}
+	fresh.Fresh = true
 	switch {
 	case out.NotStored:
 		return fresh, idemfront.NotStored
