@@ -44,10 +44,11 @@ const (
 	GRPCWeb
 )
 
-// Features is what idemconnect cannot do for the suite: a handler ending
-// its goroutine (runtime.Goexit) ends net/http's handler goroutine, and
-// the answer of a case would be a broken connection; it is left out as
-// for idemgrpc.
+// Features is what idemconnect cannot do for the suite: a handler that
+// ends its goroutine (runtime.Goexit) is answered by Connect's own
+// deferred close as an empty success over Connect's protocol, which no
+// interceptor can stop (the engine still holds or releases the key as it
+// should); the case is left out.
 var Features = idemfronttest.Features{NoGoexit: true}
 
 // The headers carrying the suite's tenant (binary) and the call's name.
