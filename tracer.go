@@ -405,6 +405,17 @@ type TraceRequestStartData struct {
 	Route string
 }
 
+// RequestMethod is the method under which observers (idemprom, idemotel)
+// count a request: the HTTP method, or for an RPC front end (protocol
+// "grpc", "connect") its protocol, since every call is a POST and the
+// route (the full method name, "/pkg.Service/Method") says the rest.
+func RequestMethod(method, protocol string) string {
+	if protocol != "" {
+		return protocol
+	}
+	return method
+}
+
 // TraceRequestEndData describes a request that was answered.
 type TraceRequestEndData struct {
 	// Protocol is TraceRequestStartData.Protocol.
