@@ -528,3 +528,58 @@ func TestMiddlewareRetryOrder(t *testing.T) {
 		})
 	}
 }
+
+// Config.KeyFunc reads the key from the request (AIP-155's request_id
+// style) instead of the metadata: here the request's first byte names it.
+func TestKeyFromTheRequest(t *testing.T) {
+	var runs atomic.Int64
+	s := newServer(t, nil, idemgrpc.Config{KeyFunc: func(_ context.Context, method string, req any) (string, error) {
+		v := req.(*wrapperspb.BytesValue).GetValue()
+		if len(v) == 0 {
+			return "", nil
+		}
+		if v[0] == '!' {
+			return "", errors.New("request_id is not a UUID")
+		}
+		return "req-" + string(v[:1]), nil
+	}}, func(ctx context.Context, req *wrapperspb.BytesValue) (*wrapperspb.BytesValue, error) {
+		return wrapperspb.Bytes([]byte(strconv.FormatInt(runs.Add(1), 10))), nil
+	})
+	conn := dial(t, s.addr)
+	ctx := as(t.Context(), "acme", "")
+	first, again := call(ctx, conn, methodCreate, "a1"), call(ctx, conn, methodCreate, "a1")
+	if first.err != nil || again.err != nil || !again.replayed || again.body != first.body {
+		t.Fatalf("two calls with one request_id: %+v then %+v, want the replay", first, again)
+	}
+	if a := call(ctx, conn, methodCreate, "a2"); a.code != codes.FailedPrecondition {
+		t.Fatalf("another request with the same request_id: %v, want FAILED_PRECONDITION", a.code)
+	}
+	if a := call(ctx, conn, methodCreate, "!x"); a.code != codes.InvalidArgument || a.reason != "IDEMPOTENCY_KEY_INVALID" {
+		t.Fatalf("a KeyFunc error: %v %q, want INVALID_ARGUMENT", a.code, a.reason)
+	}
+	// The metadata key is ignored when KeyFunc decides.
+	if a := call(as(t.Context(), "acme", "ignored"), conn, methodCreate, ""); a.err != nil || a.replayed {
+		t.Fatalf("no request_id: %+v, want it run unprotected", a)
+	}
+	if runs.Load() != 2 {
+		t.Fatalf("%d runs, want 2", runs.Load())
+	}
+}
+
+// A handler's own error that is no status is UNKNOWN: sent, not stored.
+func TestPlainErrorNotStored(t *testing.T) {
+	var runs atomic.Int64
+	s := newServer(t, nil, idemgrpc.Config{}, func(ctx context.Context, req *wrapperspb.BytesValue) (*wrapperspb.BytesValue, error) {
+		if runs.Add(1) == 1 {
+			return nil, errors.New("database said no")
+		}
+		return wrapperspb.Bytes([]byte("ok")), nil
+	})
+	conn := dial(t, s.addr)
+	if a := call(as(t.Context(), "acme", "k"), conn, methodCreate, "a"); a.code != codes.Unknown {
+		t.Fatalf("a plain error: %v, want UNKNOWN", a.code)
+	}
+	if a := call(as(t.Context(), "acme", "k"), conn, methodCreate, "a"); a.err != nil || a.replayed || a.body != "ok" {
+		t.Fatalf("the retry: %+v, want it run", a)
+	}
+}
