@@ -4,7 +4,8 @@
 // the retries, and a client interceptor that gives each logical call one
 // key, kept across retries.
 //
-//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(auth, idemgrpc.UnaryServerInterceptor(in)))
+//	in, err := idemgrpc.New(engine, &idemgrpc.Config{TenantFunc: tenantOf})
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(auth, in.UnaryServerInterceptor()))
 //
 // # Answers
 //
