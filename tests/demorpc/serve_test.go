@@ -424,3 +424,37 @@ func TestServeGRPC(t *testing.T) {
 	})
 	p.stop(t)
 }
+
+// Without --wait-in-flight, a duplicate waits for the call in flight
+// within its own deadline (idemgrpc's default), and gets its answer
+// replayed: no retry needed.
+func TestServeGRPCWaits(t *testing.T) {
+	p, addr := startGRPCServe(t, "--handler-delay", "300ms")
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := reflectService(t, conn)
+	ctx, cancel := context.WithTimeout(callAs(t.Context(), "acme", "grpc-wait"), 30*time.Second)
+	defer cancel()
+	const n = 5
+	answers := make([]rpcAnswer, n)
+	atonce.Run(n, func(i int) { answers[i] = callCreate(ctx, conn, r, r.createRequest("c_waits", 700)) })
+	fresh := 0
+	for i, a := range answers {
+		if a.code != codes.OK || a.id != answers[0].id {
+			t.Fatalf("copy %d: %+v, want the one order %s", i, a, answers[0].id)
+		}
+		if !a.replayed {
+			fresh++
+		}
+	}
+	if fresh != 1 {
+		t.Fatalf("%d answers without the replay marker, want 1: %+v", fresh, answers)
+	}
+	if c := listCount(t, conn, r, "acme", "c_waits"); c != 1 {
+		t.Fatalf("%d orders for the cart, want 1", c)
+	}
+	p.stop(t)
+}
