@@ -356,6 +356,30 @@ func TestServeGRPC(t *testing.T) {
 		}
 	})
 
+	t.Run("GRPCToTheConnectHandler", func(t *testing.T) {
+		// grpc-go against the HTTP port (h2c): Connect's handler speaks
+		// gRPC there, its status in trailers, and the interceptor answers
+		// as the gRPC port does.
+		h2c, err := grpc.NewClient(strings.TrimPrefix(p.url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h2c.Close()
+		ctx := callAs(t.Context(), "acme", "h2c-dup")
+		first := callCreate(ctx, h2c, r, r.createRequest("c_h2c", 300))
+		again := callCreate(ctx, h2c, r, r.createRequest("c_h2c", 300))
+		if first.code != codes.OK || first.replayed || again.code != codes.OK || !again.replayed || again.id != first.id {
+			t.Fatalf("two calls with one key: %+v then %+v, want an order then its replay", first, again)
+		}
+		if a := callCreate(ctx, h2c, r, r.createRequest("c_h2c", 301)); a.code != codes.FailedPrecondition || a.reason != "IDEMPOTENCY_KEY_REUSED" {
+			t.Fatalf("another request under the key: %+v, want FAILED_PRECONDITION", a)
+		}
+		noAuth := metadata.AppendToOutgoingContext(t.Context(), "idempotency-key", "h2c-noauth")
+		if a := callCreate(noAuth, h2c, r, r.createRequest("c_h2c", 1)); a.code != codes.Unauthenticated {
+			t.Fatalf("no authorization: %v, want UNAUTHENTICATED", a.code)
+		}
+	})
+
 	t.Run("ConnectJSON", func(t *testing.T) {
 		url := p.url + "/idem.demo.v1.OrderService/CreateOrder"
 		post := func(key, tenant, body string) (int, http.Header, map[string]any) {
