@@ -82,9 +82,12 @@ func (in *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 		md, _ := metadata.FromIncomingContext(ctx)
 		call.Keys = md.Get(MetadataKey)
 	}
+	var freshResp any
+	var freshErr error
 	r := in.core.Serve(ctx, call, func(ctx context.Context) idemrpc.Reply {
 		rec := &recorder{method: info.FullMethod}
 		resp, err := handler(grpc.NewContextWithServerTransportStream(ctx, rec), req)
+		freshResp, freshErr = resp, err
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		out := idemrpc.Reply{Header: fromMD(rec.header), Trailer: fromMD(rec.trailer)}
@@ -105,6 +108,11 @@ func (in *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	}
 	if len(r.Trailer) > 0 {
 		_ = grpc.SetTrailer(ctx, toMD(r.Trailer))
+	}
+	if r.Fresh {
+		// The handler's own answer, as it returned it: an interceptor
+		// outside this one sees its error unchanged (errors.Is).
+		return freshResp, freshErr
 	}
 	if r.Status != nil {
 		return nil, status.ErrorProto(r.Status)
