@@ -397,17 +397,33 @@ type RequestTracer interface {
 
 // TraceRequestStartData describes a request that arrives.
 type TraceRequestStartData struct {
-	Method string
+	// Protocol names the front end's protocol: "grpc", "connect"; empty
+	// for HTTP (idemhttp and the routers built on it).
+	Protocol string
+	Method   string
 	// Route is the route's pattern ("/orders/{id}"), never the raw path;
 	// "unmatched" when the router named none.
 	Route string
 }
 
+// RequestMethod is the method under which observers (idemprom, idemotel)
+// count a request: the HTTP method, or for an RPC front end (protocol
+// "grpc", "connect") its protocol, since every call is a POST and the
+// route (the full method name, "/pkg.Service/Method") says the rest.
+func RequestMethod(method, protocol string) string {
+	if protocol != "" {
+		return protocol
+	}
+	return method
+}
+
 // TraceRequestEndData describes a request that was answered.
 type TraceRequestEndData struct {
-	Method  string
-	Route   string
-	Outcome RequestOutcome
+	// Protocol is TraceRequestStartData.Protocol.
+	Protocol string
+	Method   string
+	Route    string
+	Outcome  RequestOutcome
 	// Status is the status sent; 0 when the request passed through (the
 	// front end did not watch the answer).
 	Status int

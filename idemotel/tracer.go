@@ -47,9 +47,13 @@ const (
 	KeyRetryReason      = attribute.Key("idem.client.retry.reason")
 	KeyMethod           = attribute.Key("http.request.method")
 	KeyRoute            = attribute.Key("http.route")
-	KeyStatus           = attribute.Key("http.response.status_code")
-	KeyResendCount      = attribute.Key("http.request.resend_count")
-	KeyDestination      = attribute.Key("messaging.destination.name")
+	// KeyRPCSystem is set on the request spans of an RPC front end:
+	// "grpc" (idemgrpc) or "connect_rpc" (idemconnect), as OpenTelemetry's
+	// RPC conventions name them.
+	KeyRPCSystem   = attribute.Key("rpc.system")
+	KeyStatus      = attribute.Key("http.response.status_code")
+	KeyResendCount = attribute.Key("http.request.resend_count")
+	KeyDestination = attribute.Key("messaging.destination.name")
 )
 
 // Config configures a Tracer. The zero value of every field means its
@@ -415,14 +419,17 @@ func (t *Tracer) TraceRequestStart(ctx context.Context, d idem.TraceRequestStart
 	// allocated for the spans the sampler drops too.
 	ctx, span := t.tracer.Start(ctx, "idem.request")
 	if span.IsRecording() {
-		span.SetAttributes(KeyMethod.String(d.Method), KeyRoute.String(d.Route))
+		span.SetAttributes(KeyMethod.String(idem.RequestMethod(d.Method, d.Protocol)), KeyRoute.String(d.Route))
+		if d.Protocol != "" {
+			span.SetAttributes(KeyRPCSystem.String(rpcSystem(d.Protocol)))
+		}
 	}
 	return &frontCtx{Context: ctx, span: span}
 }
 
 // TraceRequestEnd implements idem.RequestTracer.
 func (t *Tracer) TraceRequestEnd(ctx context.Context, d idem.TraceRequestEndData) {
-	if r := t.route(d.Method, d.Route); int(d.Outcome) < len(r.requests) {
+	if r := t.route(idem.RequestMethod(d.Method, d.Protocol), d.Route); int(d.Outcome) < len(r.requests) {
 		t.requests.Add(ctx, 1, r.requests[d.Outcome])
 		if d.Execution > 0 {
 			t.execution.Record(ctx, d.Execution.Seconds(), r.execution[d.Outcome])
@@ -658,4 +665,13 @@ func (c *cowMap[K, V]) get(k K, newValue func() V) V {
 	n[k] = v
 	c.m.Store(&n)
 	return v
+}
+
+// rpcSystem names a front end's protocol as OpenTelemetry's rpc.system
+// does.
+func rpcSystem(protocol string) string {
+	if protocol == "connect" {
+		return "connect_rpc"
+	}
+	return protocol
 }

@@ -153,7 +153,7 @@ func NewCollector(config *Config) (*Collector, error) {
 	c := &Collector{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_requests_total",
-			Help: "Requests of the covered methods answered by idemhttp, by outcome, method and route pattern.",
+			Help: "Requests of the covered methods answered by a front end (idemhttp, idemgrpc, idemconnect), by outcome, method (the HTTP method, or grpc or connect) and route pattern (or full RPC method).",
 		}, []string{"outcome", "method", "route"}),
 		execution: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idem_execution_duration_seconds",
@@ -452,7 +452,7 @@ func (c *Collector) TraceRequestEnd(_ context.Context, d idem.TraceRequestEndDat
 	if int(d.Outcome) >= numRequestOutcomes {
 		return
 	}
-	r := c.route(d.Method, d.Route)
+	r := c.route(idem.RequestMethod(d.Method, d.Protocol), d.Route)
 	if m := r.requests[d.Outcome]; m != nil {
 		m.Inc()
 	}

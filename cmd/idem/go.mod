@@ -59,10 +59,11 @@ require (
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
@@ -86,3 +87,15 @@ replace github.com/idem-go/idem/ideminbox/idemamqp => ../../ideminbox/idemamqp
 replace github.com/idem-go/idem/idemprom => ../../idemprom
 
 replace github.com/idem-go/idem/idemdynamo => ../../idemdynamo
+
+require (
+	connectrpc.com/connect v1.21.1
+	github.com/idem-go/idem/idemconnect v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem/idemgrpc v0.0.0-00010101000000-000000000000
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
+
+replace github.com/idem-go/idem/idemgrpc => ../../idemgrpc
+
+replace github.com/idem-go/idem/idemconnect => ../../idemconnect

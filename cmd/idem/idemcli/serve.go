@@ -84,6 +84,9 @@ type serveOpts struct {
 	// singleTransaction claims inside the order's transaction
 	// (idempg.Config.SingleTransaction).
 	singleTransaction bool
+	// grpcAddr is where the orders are served over gRPC; "" serves
+	// them over Connect on addr only (grpcserve.go).
+	grpcAddr string
 }
 
 const serveHelp = `Usage: idem serve [flags]
@@ -131,6 +134,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	durationVar(fs, &opts.idleTimeout, "idle-timeout", defaultIdleTimeout, "close a kept-alive connection idle this long")
 	fs.BoolVar(&opts.singleTransaction, "single-transaction", false, singleTransactionHelp)
 	fs.StringVar(&opts.metricsAddr, "metrics-addr", "", "serve GET /metrics on this `host:port` (port 0 picks a free one), with the API's timeouts;\nwithout it no metrics are served (never on --addr)")
+	grpcFlag(fs, &opts)
 	if err := parseFlags(fs, serveHelp, args, stdout); err != nil {
 		return err
 	}
@@ -284,6 +288,7 @@ type server struct {
 	// answers GET /metrics.
 	metrics *idemprom.Collector
 	gather  http.Handler
+	app     *demo.App
 }
 
 // newServer opens the databases, creates the tables and builds the demo.
@@ -375,7 +380,7 @@ func buildServer(ctx, hardStop context.Context, c *conn, opts *serveOpts, logger
 		return nil, err
 	}
 	gather := promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)})
-	return &server{conn: c, store: store, engine: engine, handler: app.Handler(), metrics: metrics, gather: gather}, nil
+	return &server{conn: c, store: store, engine: engine, handler: app.Handler(), metrics: metrics, gather: gather, app: app}, nil
 }
 
 // forcedStopWait bounds the wait for cancelled handlers to roll back and
@@ -459,6 +464,13 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 
+	enableH2C(srv)
+	stopGRPC, err := startGRPC(opts, s.app, logger)
+	if err != nil {
+		return err
+	}
+	defer stopGRPC(context.WithoutCancel(ctx))
+
 	janitorDone := make(chan struct{})
 	jctx, stopJanitor := context.WithCancel(ctx)
 	defer stopJanitor()
@@ -500,6 +512,7 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 	logger.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace+opts.handlerDelay)
 	defer cancel()
+	stopGRPC(sctx)
 	err = srv.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		// Cancel what still runs, requests whose clients went away
