@@ -29,6 +29,10 @@ type Middleware struct {
 	retryAfter []string           // the Retry-After value, in whole seconds
 	problems   *problems          // the texts true for the engine's store
 	tracer     idem.RequestTracer // the engine's tracer, when it traces requests
+
+	keyHeader     string        // the canonical name of the key field
+	canonicalJSON bool          // Config.CanonicalJSON or Config.IgnoreJSON
+	ignoreJSON    *JSONPointers // Config.IgnoreJSON, compiled
 }
 
 // NewMiddleware returns a middleware that runs the requests it covers
@@ -47,13 +51,22 @@ func NewMiddleware(engine *idem.Engine, config *Config) (*Middleware, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	keyHeader, err := cfg.validateKeySource()
+	if err != nil {
+		return nil, err
+	}
+	ignoreJSON, err := ParseJSONPointers(cfg.IgnoreJSON...)
+	if err != nil {
+		return nil, err
+	}
 
 	front, err := idemfront.New(engine, &idemfront.Config{RetryAfter: cfg.RetryAfter})
 	if err != nil {
 		return nil, err
 	}
 	// validate has refused what NewHeaders would.
-	replay, err := idemfront.NewHeaders(append(slices.Clip(DefaultReplayHeaders), cfg.ReplayHeaders...), neverReplayed)
+	// A key field of another name is never replayed either.
+	replay, err := idemfront.NewHeaders(append(slices.Clip(DefaultReplayHeaders), cfg.ReplayHeaders...), append(slices.Clip(neverReplayed), keyHeader))
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: ReplayHeaders: %w", err)
 	}
@@ -64,6 +77,10 @@ func NewMiddleware(engine *idem.Engine, config *Config) (*Middleware, error) {
 		methods:  cfg.Methods,
 		replay:   replay,
 		problems: &problemsNotTransactional,
+
+		keyHeader:     keyHeader,
+		canonicalJSON: cfg.CanonicalJSON || len(cfg.IgnoreJSON) > 0,
+		ignoreJSON:    ignoreJSON,
 	}
 	if front.Transactional() {
 		m.problems = &problemsTransactional
@@ -112,11 +129,11 @@ func (m *Middleware) covers(method string) bool {
 // serve answers a request of a covered method, and says how. t is the
 // request's trace, nil when untraced.
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, t *requestTrace) (idem.RequestOutcome, int) {
-	key, err := ParseKey(r.Header)
+	key, err := m.keyOf(r)
 	if err != nil {
 		// Echoed too, as every answer to a covered request that carried a
 		// key, so that the client can tell which of its keys was refused.
-		w.Header()[HeaderKey] = r.Header[HeaderKey]
+		m.echoKey(w, r)
 		return idem.RequestInvalidKey, writeProblem(w, problemInvalidKey)
 	}
 	if key == "" {
@@ -130,7 +147,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return idem.RequestPassthrough, 0
 	}
 	// From here on every answer echoes the key, as the client sent it.
-	w.Header()[HeaderKey] = r.Header[HeaderKey]
+	m.echoKey(w, r)
 
 	tenant := ""
 	if m.config.TenantFunc != nil {
@@ -158,10 +175,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return idem.RequestUnreadable, writeProblem(w, problemRequestUnreadable)
 	}
 
+	var fp []byte
+	fp, x.scratch.canon = m.fingerprintOf(x.fp[:0], r, buf, x.scratch.canon)
 	op := idem.Operation{
 		Tenant:       tenant,
 		Key:          key,
-		Fingerprint:  fingerprint(x.fp[:0], r, buf, m.config.FingerprintHeaders, !m.config.IgnoreMediaType),
+		Fingerprint:  fp,
 		WaitInFlight: m.config.WaitInFlight,
 		// A waiting request stops when its client goes away, whatever
 		// CancelOnDisconnect says: it has run nothing.
@@ -226,6 +245,7 @@ type scratch struct {
 	resp   []byte
 	outer  []headerField
 	stored map[string][]string
+	canon  []byte // the canonical form of a JSON body (Config.CanonicalJSON)
 }
 
 var scratches = sync.Pool{New: func() any {
@@ -242,6 +262,9 @@ func (x *exchange) end() {
 	s.req = x.body.end()
 	if cap(s.req) > maxPooledBody {
 		s.req = nil
+	}
+	if cap(s.canon) > maxPooledBody {
+		s.canon = nil
 	}
 	if x.ran {
 		x.rec.seal()
@@ -400,6 +423,7 @@ func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *r
 			return idem.RequestReplayFailed, writeProblem(w, problemReplayFailed)
 		}
 		h[HeaderReplayed] = replayedTrue
+		m.onReplay(w, r, res)
 		// The original body was read to fingerprint it: give the function
 		// a request whose body reads it again. A copy, not r itself, which
 		// outer middlewares still hold.
@@ -419,6 +443,7 @@ func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *r
 			h[http.CanonicalHeaderKey(k)] = v
 		}
 	}
+	m.onReplay(w, r, res)
 	w.WriteHeader(res.Status)
 	if len(res.Body) > 0 {
 		w.Write(res.Body) //nolint:errcheck // the client is gone
