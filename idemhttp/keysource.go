@@ -71,3 +71,25 @@ func (c *Config) validateKeySource() (string, error) {
 	}
 	return name, nil
 }
+
+// keyProblems returns the problems of a missing and of an invalid key,
+// worded for the middleware's key source: the field's own name, or "an
+// idempotency key" when Config.KeyFunc finds it.
+func keyProblems(keyHeader string, keyFunc bool) (required, invalid *problem) {
+	if keyHeader == HeaderKey && !keyFunc {
+		return problemKeyRequired, problemInvalidKey
+	}
+	name := keyHeader + " header"
+	rules := "Send exactly one " + keyHeader + " field holding 1 to 255 visible ASCII characters, bare or as a quoted string, without commas when bare."
+	if keyFunc {
+		name = "idempotency key"
+		rules = "Send one idempotency key of 1 to 255 visible ASCII characters."
+	}
+	required = newProblem(problemKeyRequired.slug, problemKeyRequired.status,
+		"Idempotency key required",
+		"This endpoint requires an "+name+". Generate a unique key (a UUIDv4) per operation and send the same key on every retry of it.")
+	invalid = newProblem(problemInvalidKey.slug, problemInvalidKey.status,
+		"Invalid idempotency key",
+		rules)
+	return required, invalid
+}

@@ -82,7 +82,11 @@ func TestKeyHeaderAtOneBarrier(t *testing.T) {
 			// The custom field follows ParseKey's rules.
 			r := keyedBy("X-Idempotency-Key", "a", "a")
 			r.Header.Add("X-Idempotency-Key", "b")
-			wantProblem(t, serve(h, r), http.StatusBadRequest, "invalid-key")
+			w = serve(h, r)
+			wantProblem(t, w, http.StatusBadRequest, "invalid-key")
+			if !strings.Contains(w.Body.String(), "X-Idempotency-Key field") {
+				t.Fatalf("invalid-key problem %s does not name the key's field", w.Body)
+			}
 			// Idempotency-Key is no longer the key's field.
 			if w := serve(h, keyedBy(idemhttp.HeaderKey, "k1", "a")); w.Header().Get(idemhttp.HeaderReplayed) != "" || w.Code != http.StatusCreated {
 				t.Fatalf("a request keyed by Idempotency-Key: %d replayed=%q, want a pass-through 201", w.Code, w.Header().Get(idemhttp.HeaderReplayed))

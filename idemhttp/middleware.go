@@ -33,6 +33,8 @@ type Middleware struct {
 	keyHeader     string        // the canonical name of the key field
 	canonicalJSON bool          // Config.CanonicalJSON or Config.IgnoreJSON
 	ignoreJSON    *JSONPointers // Config.IgnoreJSON, compiled
+	keyRequired   *problem      // the key problems, worded for the key source
+	invalidKey    *problem
 }
 
 // NewMiddleware returns a middleware that runs the requests it covers
@@ -85,6 +87,7 @@ func NewMiddleware(engine *idem.Engine, config *Config) (*Middleware, error) {
 	if front.Transactional() {
 		m.problems = &problemsTransactional
 	}
+	m.keyRequired, m.invalidKey = keyProblems(keyHeader, cfg.KeyFunc != nil)
 	m.retryAfter = []string{strconv.Itoa(retryAfterSeconds(front.RetryAfter()))}
 	m.tracer, _ = engine.Config().Tracer.(idem.RequestTracer)
 	return m, nil
@@ -134,11 +137,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// Echoed too, as every answer to a covered request that carried a
 		// key, so that the client can tell which of its keys was refused.
 		m.echoKey(w, r)
-		return idem.RequestInvalidKey, writeProblem(w, problemInvalidKey)
+		return idem.RequestInvalidKey, writeProblem(w, m.invalidKey)
 	}
 	if key == "" {
 		if m.config.RequireKey {
-			return idem.RequestKeyRequired, writeProblem(w, problemKeyRequired)
+			return idem.RequestKeyRequired, writeProblem(w, m.keyRequired)
 		}
 		next.ServeHTTP(w, r)
 		if t != nil {
@@ -580,7 +583,7 @@ func (m *Middleware) problemFor(a idemfront.Answer) *problem {
 		}
 		return p.storeUnavailable
 	case idemfront.InvalidKey:
-		return problemInvalidKey
+		return m.invalidKey
 	case idemfront.StepNotSaved:
 		// A step's effect stands without its record: the key is held
 		// until its lease ends, then a retry takes it over.

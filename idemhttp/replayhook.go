@@ -69,7 +69,8 @@ func (m *Middleware) onReplay(w http.ResponseWriter, r *http.Request, res idem.R
 // that an earlier execution already did some of its work outside the
 // store; the recovery points (idem.Step) say which. An execution after a
 // released key (a 5xx under Config.ReleaseOn5xx, a handler error) is a
-// first execution too: the engine rolled the earlier one's writes back.
+// first execution too, the engine having rolled the earlier one's writes
+// back, unless the earlier one recorded steps: it is then a takeover.
 // False outside an execution: a request without a key, or a method the
 // middleware does not cover.
 func FirstExecution(ctx context.Context) bool {
