@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -164,11 +165,11 @@ func putCanonLen(dst []byte, n int) []byte {
 }
 
 // child is the pointer node under tok, nil when no pointer goes there.
-func (n *ptrNode) child(tok string) *ptrNode {
+func (n *ptrNode) child(tok []byte) *ptrNode {
 	if n == nil || n.children == nil {
 		return nil
 	}
-	return n.children[tok]
+	return n.children[string(tok)] // no allocation: a map index
 }
 
 // value appends the canonical form of the value at p.pos. ptr is the
@@ -382,7 +383,7 @@ func hex4(in []byte, at int) (rune, bool) {
 // decoded name and the canonical form of its value, as a span of the
 // scratch buffer.
 type member struct {
-	name       string
+	name       []byte // aliases the body, or the decoded copy
 	lone       bool
 	start, end int
 }
@@ -415,7 +416,7 @@ func (p *jsonParser) object(dst []byte, ptr *ptrNode, depth int) ([]byte, bool) 
 		p.skipSpace()
 		var c *ptrNode
 		if !lone {
-			c = ptr.child(string(name))
+			c = ptr.child(name)
 		}
 		start := len(scratch)
 		scratch, ok = p.value(scratch, c, depth+1)
@@ -425,7 +426,7 @@ func (p *jsonParser) object(dst []byte, ptr *ptrNode, depth int) ([]byte, bool) 
 		if c != nil && c.end {
 			scratch = scratch[:start] // left out: absent, whatever it was
 		} else {
-			members = append(members, member{string(name), lone, start, len(scratch)})
+			members = append(members, member{name, lone, start, len(scratch)})
 		}
 		p.skipSpace()
 		if p.pos >= len(p.in) {
@@ -443,7 +444,7 @@ func (p *jsonParser) object(dst []byte, ptr *ptrNode, depth int) ([]byte, bool) 
 	}
 	// Stable: members of one name keep their order.
 	slices.SortStableFunc(members, func(a, b member) int {
-		if c := strings.Compare(a.name, b.name); c != 0 {
+		if c := bytes.Compare(a.name, b.name); c != 0 {
 			return c
 		}
 		switch {
