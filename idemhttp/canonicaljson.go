@@ -86,13 +86,16 @@ func unescapePointerToken(tok string) (string, error) {
 }
 
 // ErrNotJSON is what AppendCanonicalJSON returns for a body that is not
-// one JSON text.
+// one JSON text, or that nests more than 64 levels deep.
 var ErrNotJSON = errors.New("idemhttp: the body is not one JSON text")
 
 // maxJSONDepth bounds the nesting AppendCanonicalJSON walks: it recurses
-// once per level, and a megabyte of "[" must not exhaust the stack. A
-// deeper body is treated as not JSON (its bytes are fingerprinted).
-const maxJSONDepth = 1000
+// once per level, and each level of objects out of order costs a copy of
+// what it holds (see object), so that a megabyte nested deep would cost
+// a copy per level. 64 is deeper than the bodies APIs take; a deeper body
+// is treated as not JSON (its bytes are fingerprinted), which costs
+// nothing but the canonicalization.
+const maxJSONDepth = 64
 
 // The tags of the canonical form, one before each value.
 const (
@@ -145,8 +148,10 @@ func AppendCanonicalJSON(dst, body []byte, leaveOut *JSONPointers) ([]byte, erro
 }
 
 type jsonParser struct {
-	in  []byte
-	pos int
+	in      []byte
+	pos     int
+	members []member // the members of the objects being read, innermost last
+	tmp     []byte   // where out-of-order members are copied aside
 }
 
 func (p *jsonParser) skipSpace() {
@@ -380,25 +385,46 @@ func hex4(in []byte, at int) (rune, bool) {
 }
 
 // member is an object member while its object is canonicalized: its
-// decoded name and the canonical form of its value, as a span of the
-// scratch buffer.
+// decoded name and the span of dst that holds its canonical form (name
+// and value).
 type member struct {
 	name       []byte // aliases the body, or the decoded copy
 	lone       bool
 	start, end int
 }
 
+func compareMembers(a, b member) int {
+	if c := bytes.Compare(a.name, b.name); c != 0 {
+		return c
+	}
+	switch {
+	case a.lone == b.lone:
+		return 0
+	case a.lone:
+		return 1
+	}
+	return -1
+}
+
+// object appends the canonical form of the object at p.pos: its tag, its
+// members in the order of their names, and an end tag no member starts
+// with (a member starts with its name's string tag).
+//
+// The members are laid out in dst as they come; when they are out of
+// order, their span is copied aside once and written back sorted. So an
+// object costs one copy of its canonical form at most, and a body one
+// copy per level of nesting (maxJSONDepth at most), with one scratch
+// buffer and one member list shared by every level.
 func (p *jsonParser) object(dst []byte, ptr *ptrNode, depth int) ([]byte, bool) {
 	p.pos++ // {
-	// The values are laid out in a scratch buffer, then copied to dst in
-	// the order of their names.
-	var scratch []byte
-	var members []member
+	dst = append(dst, tagObject)
+	base := len(p.members)
+	defer func() { p.members = p.members[:base] }()
+	sorted := true
 	p.skipSpace()
 	if p.pos < len(p.in) && p.in[p.pos] == '}' {
 		p.pos++
-		dst = append(dst, tagObject)
-		return putCanonLen(dst, 0), true
+		return append(dst, '}'), true
 	}
 	for {
 		if p.pos >= len(p.in) || p.in[p.pos] != '"' {
@@ -418,15 +444,20 @@ func (p *jsonParser) object(dst []byte, ptr *ptrNode, depth int) ([]byte, bool) 
 		if !lone {
 			c = ptr.child(name)
 		}
-		start := len(scratch)
-		scratch, ok = p.value(scratch, c, depth+1)
+		start := len(dst)
+		dst = appendCanonString(dst, name, lone)
+		dst, ok = p.value(dst, c, depth+1)
 		if !ok {
 			return dst, false
 		}
 		if c != nil && c.end {
-			scratch = scratch[:start] // left out: absent, whatever it was
+			dst = dst[:start] // left out: absent, whatever it was
 		} else {
-			members = append(members, member{name, lone, start, len(scratch)})
+			m := member{name, lone, start, len(dst)}
+			if n := len(p.members); n > base && compareMembers(p.members[n-1], m) > 0 {
+				sorted = false
+			}
+			p.members = append(p.members, m)
 		}
 		p.skipSpace()
 		if p.pos >= len(p.in) {
@@ -442,26 +473,22 @@ func (p *jsonParser) object(dst []byte, ptr *ptrNode, depth int) ([]byte, bool) 
 		p.pos++
 		p.skipSpace()
 	}
-	// Stable: members of one name keep their order.
-	slices.SortStableFunc(members, func(a, b member) int {
-		if c := bytes.Compare(a.name, b.name); c != 0 {
-			return c
+	if !sorted {
+		members := p.members[base:]
+		from := members[0].start
+		p.tmp = append(p.tmp[:0], dst[from:]...)
+		// Stable: members of one name keep their order.
+		slices.SortStableFunc(members, compareMembers)
+		out := dst[:from]
+		for _, m := range members {
+			out = append(out, p.tmp[m.start-from:m.end-from]...)
 		}
-		switch {
-		case a.lone == b.lone:
-			return 0
-		case a.lone:
-			return 1
+		dst = out
+		if cap(p.tmp) > maxPooledBody {
+			p.tmp = nil
 		}
-		return -1
-	})
-	dst = append(dst, tagObject)
-	dst = putCanonLen(dst, len(members))
-	for _, m := range members {
-		dst = appendCanonString(dst, m.name, m.lone)
-		dst = append(dst, scratch[m.start:m.end]...)
 	}
-	return dst, true
+	return append(dst, '}'), true
 }
 
 func (p *jsonParser) array(dst []byte, ptr *ptrNode, depth int) ([]byte, bool) {

@@ -179,11 +179,12 @@ type Config struct {
 	// canonical form (AppendCanonicalJSON): object member order,
 	// insignificant whitespace and the escapes that spell a string do not
 	// count; numbers count as written (1 and 1.0 differ). A body that is
-	// not JSON (or is empty) is fingerprinted by its bytes, as without
-	// the option, and never like a JSON body: the handler then answers it
-	// as it answers any malformed body. Defaults to false: the body's
-	// bytes. Switching it on changes the fingerprint of every JSON body:
-	// a retry of a request stored before gets 422.
+	// not JSON (or is empty, or nests deeper than 64 levels) is
+	// fingerprinted by its bytes, as without the option, and never like a
+	// JSON body: the handler then answers it as it answers any malformed
+	// body. Defaults to false: the body's bytes. Switching it on changes
+	// the fingerprint of every JSON body: a retry of a request stored
+	// before gets 422.
 	CanonicalJSON bool
 
 	// IgnoreJSON are JSON Pointers (RFC 6901) to the members of a JSON
