@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -90,11 +91,9 @@ func unescapePointerToken(tok string) (string, error) {
 var ErrNotJSON = errors.New("idemhttp: the body is not one JSON text")
 
 // maxJSONDepth bounds the nesting AppendCanonicalJSON walks: it recurses
-// once per level, and each level of objects out of order costs a copy of
-// what it holds (see object), so that a megabyte nested deep would cost
-// a copy per level. 64 is deeper than the bodies APIs take; a deeper body
-// is treated as not JSON (its bytes are fingerprinted), which costs
-// nothing but the canonicalization.
+// once per level, and a megabyte of "[" must not exhaust the stack. 64 is
+// deeper than the bodies APIs take; a deeper body is treated as not JSON
+// (its bytes are fingerprinted).
 const maxJSONDepth = 64
 
 // The tags of the canonical form, one before each value.
@@ -108,6 +107,7 @@ const (
 	tagFalse   = 'f'
 	tagNull    = 'z'
 	tagLeftOut = 'x' // an array element named by a pointer
+	tagDigest  = 'h' // the SHA-256 of a long member name or value
 )
 
 // AppendCanonicalJSON appends to dst the canonical form of body, a JSON
@@ -127,7 +127,8 @@ const (
 // name what they named.
 //
 // The form is a tagged, length-prefixed encoding meant for hashing, not
-// JSON.
+// JSON: within an object, a long member name or value stands as its
+// SHA-256.
 func AppendCanonicalJSON(dst, body []byte, leaveOut *JSONPointers) ([]byte, error) {
 	p := jsonParser{in: body}
 	var root *ptrNode
@@ -384,6 +385,20 @@ func hex4(in []byte, at int) (rune, bool) {
 	return r, true
 }
 
+// maxInlineMember is the longest canonical form of a member's name or
+// value kept as it is within its object; a longer one stands as its
+// digest.
+const maxInlineMember = 64
+
+// appendDigest appends the digest that stands for a member's name or
+// value of canonical form c. c may alias dst's spare capacity: it is
+// hashed before anything is written.
+func appendDigest(dst, c []byte) []byte {
+	sum := sha256.Sum256(c)
+	dst = append(dst, tagDigest)
+	return append(dst, sum[:]...)
+}
+
 // member is an object member while its object is canonicalized: its
 // decoded name and the span of dst that holds its canonical form (name
 // and value).
@@ -411,10 +426,13 @@ func compareMembers(a, b member) int {
 // with (a member starts with its name's string tag).
 //
 // The members are laid out in dst as they come; when they are out of
-// order, their span is copied aside once and written back sorted. So an
-// object costs one copy of its canonical form at most, and a body one
-// copy per level of nesting (maxJSONDepth at most), with one scratch
-// buffer and one member list shared by every level.
+// order, their span is copied aside once and written back sorted. A name
+// or a value whose canonical form is longer than maxInlineMember stands
+// as its SHA-256 instead, so that what an object holds, and copies to
+// sort it, is a few dozen bytes per member, however large and deep its
+// values: every byte of the body is copied and hashed a bounded number
+// of times (BenchmarkCanonicalJSONDeep), with one scratch buffer and one
+// member list shared by every level.
 func (p *jsonParser) object(dst []byte, ptr *ptrNode, depth int) ([]byte, bool) {
 	p.pos++ // {
 	dst = append(dst, tagObject)
@@ -446,9 +464,16 @@ func (p *jsonParser) object(dst []byte, ptr *ptrNode, depth int) ([]byte, bool) 
 		}
 		start := len(dst)
 		dst = appendCanonString(dst, name, lone)
+		if len(dst)-start > maxInlineMember {
+			dst = appendDigest(dst[:start], dst[start:])
+		}
+		valueStart := len(dst)
 		dst, ok = p.value(dst, c, depth+1)
 		if !ok {
 			return dst, false
+		}
+		if len(dst)-valueStart > maxInlineMember {
+			dst = appendDigest(dst[:valueStart], dst[valueStart:])
 		}
 		if c != nil && c.end {
 			dst = dst[:start] // left out: absent, whatever it was
@@ -484,9 +509,6 @@ func (p *jsonParser) object(dst []byte, ptr *ptrNode, depth int) ([]byte, bool) 
 			out = append(out, p.tmp[m.start-from:m.end-from]...)
 		}
 		dst = out
-		if cap(p.tmp) > maxPooledBody {
-			p.tmp = nil
-		}
 	}
 	return append(dst, '}'), true
 }

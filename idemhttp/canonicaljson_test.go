@@ -166,7 +166,7 @@ func TestFingerprintFunc(t *testing.T) {
 // written), so that the form never merges two requests a handler tells
 // apart.
 func FuzzCanonicalJSON(f *testing.F) {
-	for _, s := range []string{`{"a":1,"b":[1,2,{"c":null}]}`, `{"b":2,"a":1}`, `[1.0,1e2,-0]`, `"\u00e9\ud800"`, `{"a":1,"a":2}`, `{}`, `[]`, `"x"`, `{"ts":"now"}`, ` {"ts" : 1 } `} {
+	for _, s := range []string{`{"a":1,"b":[1,2,{"c":null}]}`, `{"b":2,"a":1}`, `[1.0,1e2,-0]`, `"\u00e9\ud800"`, `{"a":1,"a":2}`, `{}`, `[]`, `"x"`, `{"ts":"now"}`, ` {"ts" : 1 } `, `{"b":[1,2],"a":"` + strings.Repeat("long", 20) + `"}`} {
 		f.Add([]byte(s), []byte(`{"a":1}`))
 	}
 	ptrs, err := idemhttp.ParseJSONPointers("/ts")
@@ -311,5 +311,28 @@ func TestCanonicalJSONShuffled(t *testing.T) {
 	}
 	if _, err := canon(t, deep(65), nil); !errors.Is(err, idemhttp.ErrNotJSON) {
 		t.Fatalf("65 levels: %v, want ErrNotJSON", err)
+	}
+}
+
+// TestCanonicalJSONLongMembers: members whose names or values stand as
+// their digest still order and compare as the members themselves.
+func TestCanonicalJSONLongMembers(t *testing.T) {
+	long := strings.Repeat("x", 100)
+	pairs := []struct {
+		a, b string
+		same bool
+	}{
+		{`{"a":"` + long + `","b":1}`, `{"b":1,"a":"` + long + `"}`, true},
+		{`{"` + long + `":[1,2],"a":{"z":"` + long + `","y":0}}`, `{"a":{"y":0,"z":"` + long + `"},"` + long + `":[1,2]}`, true},
+		{`{"a":"` + long + `"}`, `{"a":"` + long[1:] + `y"}`, false},
+		{`{"` + long + `":1}`, `{"` + long[1:] + `y":1}`, false},
+		{`{"a":["` + long + `"]}`, `{"a":["` + long + `",1]}`, false},
+	}
+	for _, p := range pairs {
+		a, errA := canon(t, p.a, nil)
+		b, errB := canon(t, p.b, nil)
+		if errA != nil || errB != nil || bytes.Equal(a, b) != p.same {
+			t.Errorf("%.40s… and %.40s…: same form %v, want %v (%v, %v)", p.a, p.b, bytes.Equal(a, b), p.same, errA, errB)
+		}
 	}
 }
