@@ -35,6 +35,9 @@ type block struct {
 	code    string
 }
 
+// workUse finds the directories of go.work's use block.
+var workUse = regexp.MustCompile(`(?m)^\s+(\.[^\s]*)\s*$`)
+
 var excerptMark = regexp.MustCompile(`^<!-- excerpt: (\S+) -->$`)
 
 func goBlocks(t *testing.T) []block {
@@ -124,9 +127,15 @@ func workspace(t *testing.T, src string) string {
 	}
 	write(t, filepath.Join(app, "go.mod"), "module example.com/myservice\n\ngo 1.26.0\n")
 	write(t, filepath.Join(app, "main.go"), src)
+	// Every module of the checkout, as `go work use` would add them one
+	// by one: the README's programs import from several.
 	uses := []string{"./myservice"}
-	for _, m := range []string{".", "idempg", "idemsql", "idemredis", "idemprom", "idemotel"} {
-		uses = append(uses, filepath.Join(root, m))
+	work, err := os.ReadFile(filepath.Join(root, "go.work"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range workUse.FindAllStringSubmatch(string(work), -1) {
+		uses = append(uses, filepath.Join(root, m[1]))
 	}
 	write(t, filepath.Join(dir, "go.work"), "go 1.26.8\n\nuse (\n\t"+strings.Join(uses, "\n\t")+"\n)\n")
 	// The checkout's go.work.sum holds the checksums the workspace needs
@@ -158,7 +167,7 @@ func build(t *testing.T, app string) string {
 
 func program(t *testing.T, b block) (string, bool) {
 	t.Helper()
-	if strings.HasPrefix(b.code, "package main\n") {
+	if isProgram(b.code) {
 		return b.code, true
 	}
 	first, _, _ := strings.Cut(b.code, "\n")
@@ -171,6 +180,12 @@ func program(t *testing.T, b block) (string, bool) {
 		imports.WriteString("\t" + strings.TrimSpace(imp) + "\n")
 	}
 	return "package main\n\nimport (\n" + imports.String() + ")\n\n" + f.before + b.code + f.after, true
+}
+
+// isProgram reports whether code is a whole file of package main (its
+// doc comment may come first).
+func isProgram(code string) bool {
+	return strings.HasPrefix(code, "package main\n") || strings.Contains(code, "\npackage main\n")
 }
 
 // TestBlocksCompile builds every Go block of the README in a new user's
@@ -241,7 +256,7 @@ func TestSQLiteProgram(t *testing.T) {
 	}
 	var src string
 	for _, b := range goBlocks(t) {
-		if strings.Contains(b.code, "idemsqlite.Open(") && strings.HasPrefix(b.code, "package main\n") {
+		if strings.Contains(b.code, "idemsqlite.Open(") && isProgram(b.code) {
 			src = b.code
 		}
 	}
