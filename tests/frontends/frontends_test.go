@@ -23,7 +23,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-
 // frontEnds are the adapters under test, with what each cannot do.
 var frontEnds = []struct {
 	name     string
