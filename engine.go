@@ -15,6 +15,11 @@ import (
 const (
 	DefaultLease     = 90 * time.Second
 	DefaultRetention = 24 * time.Hour
+
+	// DefaultMaxStepBytes and DefaultMaxStepsBytes are the defaults of
+	// Config.MaxStepBytes and Config.MaxStepsBytes.
+	DefaultMaxStepBytes  = 64 << 10
+	DefaultMaxStepsBytes = 256 << 10
 )
 
 // Config configures an Engine. The zero value of every field means its
@@ -40,18 +45,44 @@ type Config struct {
 	// CleanupTimeout bounds the store calls made after the caller's
 	// context has ended: the release of a failed execution, and, on a
 	// store without transactions, the completion of a handler whose caller
-	// went away. Defaults to 5s.
+	// went away. Defaults to 5s. It does not bound the record of a step
+	// (Step), whose effect has happened: that waits as long as the store
+	// lets any write wait, within Lease.
 	CleanupTimeout time.Duration
+
+	// MaxStepBytes is the largest result a step (Step) may record, in
+	// bytes of its JSON encoding. Defaults to 64 KiB. A step whose result
+	// is larger ran, but is not recorded: Step returns an error wrapping
+	// ErrStepNotSaved and ErrStepTooLarge.
+	MaxStepBytes int
+
+	// MaxStepsBytes is the most the steps of one record may hold, names
+	// and results encoded (MarshalSteps), counting those of the earlier
+	// executions of the key. Defaults to 256 KiB. A step that would pass
+	// it is refused before its function runs when the record is full
+	// already, and otherwise ran and is not recorded, as for MaxStepBytes.
+	// Steps are kept with the record, for its whole Retention: this bounds
+	// what one key can make the store keep beyond the request and
+	// response limits of the front end.
+	MaxStepsBytes int
 
 	// Logger receives the engine's warnings (heartbeat failures, release
 	// failures, work rolled back after the handler ran). Defaults to
 	// slog.Default().
 	Logger *slog.Logger
 
+	// WaitPollInterval is the longest pause between two reads of a key
+	// that duplicates wait on (Operation.WaitInFlight): the poller reads
+	// the record after a twenty-fifth of it, then doubles its pause up to
+	// it. Defaults to 250ms. A store that announces changes (Watcher)
+	// wakes the waiters at once, and the polls only catch an announcement
+	// lost on the way: there it may be longer.
+	WaitPollInterval time.Duration
+
 	// Tracer observes every operation, and, when it implements the
-	// optional interfaces (StoreTracer, LeaseTracer, RequestTracer,
-	// MessageTracer), the store calls, the lease events, and the requests
-	// and messages of idemhttp and ideminbox over this engine. idemprom
+	// optional interfaces (StoreTracer, LeaseTracer, RequestTracer), the
+	// store calls, the lease events, and idemhttp's requests over this
+	// engine (ideminbox's messages: ideminbox.Config.Tracer). idemprom
 	// and idemotel provide tracers; MultiTracer combines them. Defaults to
 	// none, which costs nothing.
 	Tracer Tracer
@@ -74,6 +105,12 @@ func (c *Config) withDefaults() Config {
 	if out.CleanupTimeout <= 0 {
 		out.CleanupTimeout = 5 * time.Second
 	}
+	if out.MaxStepBytes <= 0 {
+		out.MaxStepBytes = DefaultMaxStepBytes
+	}
+	if out.MaxStepsBytes <= 0 {
+		out.MaxStepsBytes = DefaultMaxStepsBytes
+	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -90,8 +127,11 @@ type Engine struct {
 	info   StoreInfo
 	config Config
 	steps  StepStore // the store, when it keeps recovery points
-	keeper *keeper   // nil when the heartbeat is off
-	late   *lateReleases
+	// unitClaimer is the store, when it claims inside the unit of work
+	// (StoreInfo.SingleTransaction).
+	unitClaimer UnitClaimer
+	keeper      *keeper // nil when the heartbeat is off
+	late        *lateReleases
 
 	tracer      Tracer      // nil: not traced
 	storeTracer StoreTracer // the tracer, when it observes store calls
@@ -115,6 +155,11 @@ func NewEngine(store Store, config *Config) (*Engine, error) {
 		idle:   make(chan struct{}, 1),
 	}
 	e.steps, _ = store.(StepStore)
+	if uc, ok := store.(UnitClaimer); ok && e.info.SingleTransaction {
+		// The database's lock is the lease: nothing to extend, and no
+		// record outlives the transaction to hold recovery points.
+		e.unitClaimer, e.steps, e.config.Heartbeat = uc, nil, -1
+	}
 	e.tracer = e.config.Tracer
 	e.storeTracer, _ = e.tracer.(StoreTracer)
 	e.leaseTracer, _ = e.tracer.(LeaseTracer)
@@ -268,6 +313,9 @@ func (e *Engine) do(ctx context.Context, op Operation, fn func(ctx context.Conte
 		return Outcome{}, ErrClosed
 	}
 	defer e.exit()
+	if e.unitClaimer != nil {
+		return e.doInUnit(ctx, op, fn, t)
+	}
 	token := newToken()
 	claim, err := e.claim(ctx, e.claimParams(op, token))
 	if err != nil {
@@ -278,7 +326,7 @@ func (e *Engine) do(ctx context.Context, op Operation, fn func(ctx context.Conte
 	}
 	if !claim.Won {
 		if op.WaitInFlight > 0 && waitable(claim.Record, op.Fingerprint) {
-			return e.waitInFlight(ctx, op, fn, t)
+			return e.waitInFlight(ctx, op, claim.Record, fn, t)
 		}
 		if t != nil && claim.Record != nil {
 			t.completedAt = claim.Record.CompletedAt
@@ -291,7 +339,7 @@ func (e *Engine) do(ctx context.Context, op Operation, fn func(ctx context.Conte
 		}
 		e.tookOver(ctx, op, &claim)
 	}
-	return e.run(ctx, op, token, &claim, fn, t)
+	return e.run(ctx, op, token, &claim, nil, fn, t)
 }
 
 // decide answers a lost claim from the record that holds the key.
@@ -319,19 +367,22 @@ type execution struct {
 	held  *lease // nil when the heartbeat is off
 }
 
-func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *ClaimResult, fn func(ctx context.Context) (Result, error), t *opTrace) (Outcome, error) {
-	unit, err := e.begin(ctx)
-	if err != nil {
-		e.release(ctx, op, token)
-		return Outcome{}, storeError("begin", err)
+// run runs fn under a won claim, in unit when the claim began it
+// (UnitClaimer), else in a unit of work begun here.
+func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *ClaimResult, unit UnitOfWork, fn func(ctx context.Context) (Result, error), t *opTrace) (Outcome, error) {
+	if unit == nil {
+		var err error
+		if unit, err = e.begin(ctx); err != nil {
+			e.release(ctx, op, token)
+			return Outcome{}, storeError("begin", err)
+		}
 	}
 	x := &execution{e: e, ctx: ctx, op: op, token: token, unit: unit}
 	x.rc = newRunCtx(unit.Context(ctx))
 	x.rc.exec.info = Execution{Tenant: op.Tenant, Key: op.Key, LeaseToken: token, Store: e.info.Name, Takeover: claim.Takeover}
-	x.rc.exec.steps, x.rc.exec.saveTimeout, x.rc.exec.storeTracer = e.steps, e.config.CleanupTimeout, e.storeTracer
-	if n := len(claim.Steps); n > 0 {
-		x.rc.exec.recorded = claim.Steps
-		x.rc.exec.info.RecoveryPoint = claim.Steps[n-1].Name
+	x.rc.exec.initSteps(e, op, unit, claim.Steps)
+	if e.unitClaimer != nil {
+		x.rc.exec.stepsRefused = ErrStepsSingleTransaction
 	}
 	if e.keeper != nil {
 		x.held = e.keeper.add(op, token, e.config.Lease, x.rc)
@@ -373,8 +424,18 @@ func (x *execution) stopLease() (lost bool) {
 // finish decides what becomes of an execution whose function returned or
 // panicked.
 func (x *execution) finish(res Result, err error) (Outcome, error) {
-	lost := x.stopLease()
 	var panicked *PanicError
+	if x.savesLater() {
+		// A step ran and its record failed: the engine keeps the lease
+		// and records it later (saveLater). Whatever the handler
+		// answered is discarded, as below.
+		cause := *x.rc.exec.unsavedStep.Load()
+		if errors.As(err, &panicked) {
+			return Outcome{}, err
+		}
+		return Outcome{}, cause
+	}
+	lost := x.stopLease()
 	switch {
 	case lost:
 		// The heartbeat found the lease taken over, and cancelled the
@@ -384,6 +445,15 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 		x.e.lostLease(x.ctx, x.op, "heartbeat")
 		x.warnStepsKept("lease lost", ErrLeaseLost)
 		return Outcome{}, ErrLeaseLost
+	case x.stepLostLease() != nil:
+		// The store refused a step's record because the key was taken
+		// over: the lease is lost as surely as if the heartbeat had found
+		// it, and the key is the takeover's, which may have completed it.
+		cause := x.lostAtStep()
+		if errors.As(err, &panicked) {
+			return Outcome{}, err
+		}
+		return Outcome{}, cause
 	case x.rc.exec.unsavedStep.Load() != nil:
 		// A step's effect happened and its record did not, whatever the
 		// handler answered after that (a front end's handler cannot
@@ -447,7 +517,15 @@ func (x *execution) cancelled(res Result, err error) (Outcome, error) {
 // complete stores res and commits the unit of work.
 func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 	e := x.e
-	if x.rc.exec.rollbackWrites.Load() && e.info.Transactional {
+	withoutWrites := x.rc.exec.rollbackWrites.Load() && e.info.Transactional
+	if withoutWrites && e.unitClaimer != nil {
+		// The claim is in the unit of work: rolling it back would free
+		// the key. The unit rolls the writes back and stores the answer
+		// alone itself (CompleteParams.WithoutWrites).
+		err := e.completeUnit(ctx, x.unit, CompleteParams{Tenant: x.op.Tenant, Key: x.op.Key, Token: x.token, Result: res, WithoutWrites: true})
+		return x.completed(ctx, res, err)
+	}
+	if withoutWrites {
 		// Store the answer without the business writes: roll them back and
 		// complete in a unit of work of its own.
 		if err := e.rollbackUnit(ctx, x.unit); err != nil {
@@ -462,6 +540,12 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 		x.unit = next
 	}
 	err := e.completeUnit(ctx, x.unit, CompleteParams{Tenant: x.op.Tenant, Key: x.op.Key, Token: x.token, Result: res})
+	return x.completed(ctx, res, err)
+}
+
+// completed ends an execution after its Complete returned err.
+func (x *execution) completed(ctx context.Context, res Result, err error) (Outcome, error) {
+	e := x.e
 	if err == nil {
 		return Outcome{Result: res}, nil
 	}
@@ -470,7 +554,7 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 		// The handler's own failure, not the store's: it answered a
 		// success whose writes a failed statement had undone.
 		x.e.config.Logger.ErrorContext(x.ctx, "idem: the handler answered a success after a failed statement aborted its transaction; nothing stored, key released",
-			slog.String("store", e.info.Name), slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key), slog.Int("status", res.Status))
+			slog.String("store", e.info.Name), tenantAttr(x.op.Tenant), slog.String("key", x.op.Key), slog.Int("status", res.Status))
 		e.release(x.ctx, x.op, x.token)
 		return Outcome{}, err
 	}
@@ -494,6 +578,35 @@ func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 	return Outcome{}, storeError("complete", err)
 }
 
+// stepLostLease returns, when a step ran and was not recorded and the
+// lease is known lost (the store refused that step's record, or a later
+// one's, after a takeover), the error to end the execution with, wrapping
+// ErrLeaseLost; nil otherwise.
+func (x *execution) stepLostLease() error {
+	p := x.rc.exec.unsavedStep.Load()
+	switch {
+	case p == nil:
+		return nil
+	case errors.Is(*p, ErrLeaseLost):
+		return *p
+	case x.rc.exec.lost.Load():
+		return fmt.Errorf("%w; before that, %w", ErrLeaseLost, *p)
+	}
+	return nil
+}
+
+// lostAtStep ends an execution whose step the store refused after a
+// takeover: rolled back, counted and logged as a lost lease, nothing
+// released or kept (the key is the takeover's). It returns the step's
+// error, which wraps ErrLeaseLost and ErrStepNotSaved.
+func (x *execution) lostAtStep() error {
+	cause := x.stepLostLease()
+	x.rollback("lease lost", cause)
+	x.e.lostLease(x.ctx, x.op, "step")
+	x.warnStepsKept("lease lost", cause)
+	return cause
+}
+
 // keepUnsaved ends an execution in which a step ran and was not
 // recorded: its writes rolled back, its key in flight until the lease
 // ends. It returns the step's error.
@@ -510,6 +623,10 @@ func (x *execution) keepUnsaved() error {
 // lease ends, as it does on any store when a step ran and was not
 // recorded.
 func (x *execution) abandon(cause error) {
+	if x.stepLostLease() != nil {
+		x.lostAtStep()
+		return
+	}
 	if x.rc.exec.unsavedStep.Load() != nil {
 		x.keepUnsaved()
 		return
@@ -550,8 +667,8 @@ func (x *execution) warnStepsKept(reason string, cause error) {
 	e := x.e
 	e.config.Logger.WarnContext(x.ctx, "idem: the execution recorded steps and ends without completing; the steps are kept with the key, and a retry of the same request takes it over and gets their results instead of running them again",
 		slog.String("reason", reason), slog.String("store", e.info.Name),
-		slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key),
-		slog.Any("steps", names), slog.Any("error", cause))
+		tenantAttr(x.op.Tenant), slog.String("key", x.op.Key),
+		slog.Any("steps", names), errorAttr(cause))
 }
 
 // rollback abandons the unit of work, and says so when the handler ran
@@ -569,8 +686,8 @@ func (x *execution) keepInFlight(reason string, cause error) {
 	e := x.e
 	e.config.Logger.WarnContext(x.ctx, "idem: the key stays in flight until its lease ends, since the handler's effects cannot be undone and a retry would repeat them",
 		slog.String("reason", reason), slog.String("store", e.info.Name),
-		slog.String("tenant", x.op.Tenant), slog.String("key", x.op.Key),
-		slog.Duration("lease", e.config.Lease), slog.Any("error", cause))
+		tenantAttr(x.op.Tenant), slog.String("key", x.op.Key),
+		slog.Duration("lease", e.config.Lease), errorAttr(cause))
 	x.warnStepsKept(reason, cause)
 }
 
@@ -582,7 +699,7 @@ func (e *Engine) tookOver(ctx context.Context, op Operation, claim *ClaimResult)
 		point = claim.Steps[n-1].Name
 	}
 	e.config.Logger.InfoContext(ctx, "idem: key taken over from an earlier execution whose lease ended",
-		slog.String("store", e.info.Name), slog.String("tenant", op.Tenant), slog.String("key", op.Key),
+		slog.String("store", e.info.Name), tenantAttr(op.Tenant), slog.String("key", op.Key),
 		slog.String("recovery_point", point))
 	e.traceLease(ctx, LeaseTakeover, nil)
 }
@@ -594,7 +711,7 @@ func (e *Engine) lostLease(ctx context.Context, op Operation, foundBy string) {
 	if !e.info.Transactional {
 		e.config.Logger.WarnContext(ctx, "idem: lease lost to a takeover; the answer is discarded and the handler's effects stand",
 			slog.String("found_by", foundBy), slog.String("store", e.info.Name),
-			slog.String("tenant", op.Tenant), slog.String("key", op.Key))
+			tenantAttr(op.Tenant), slog.String("key", op.Key))
 	}
 	e.traceLease(ctx, LeaseLost, nil)
 }
@@ -606,7 +723,7 @@ func (e *Engine) warnRolledBack(ctx context.Context, op Operation, reason string
 	}
 	e.config.Logger.WarnContext(ctx, "idem: the handler ran and its writes were rolled back; effects it made outside the store's transaction stand",
 		slog.String("reason", reason), slog.String("store", e.info.Name),
-		slog.String("tenant", op.Tenant), slog.String("key", op.Key), slog.Any("error", cause))
+		tenantAttr(op.Tenant), slog.String("key", op.Key), errorAttr(cause))
 }
 
 func callHandler(ctx context.Context, fn func(ctx context.Context) (Result, error)) (res Result, err error) {
@@ -627,7 +744,7 @@ func (e *Engine) release(ctx context.Context, op Operation, token int64) {
 		// The record stays in flight until its lease ends, then a retry
 		// takes it over: safe, only slower.
 		e.config.Logger.WarnContext(ctx, "idem: release failed; the key stays locked until its lease ends",
-			slog.String("tenant", op.Tenant), slog.String("key", op.Key), slog.Any("error", err))
+			tenantAttr(op.Tenant), slog.String("key", op.Key), errorAttr(err))
 	}
 }
 

@@ -41,15 +41,37 @@ type execState struct {
 	steps       StepStore // nil when the store keeps none
 	saveTimeout time.Duration
 	storeTracer StoreTracer // the engine's, when it traces store calls
-	mu          sync.Mutex
-	recorded    []RecordedStep
-	savedSteps  bool // this execution recorded a step
-	ended       bool // the handler returned: no step may begin
+	// fingerprint is the operation's, which DownstreamKey binds to.
+	fingerprint []byte
+	// checkStep is the unit of work's StepChecker, nil when it has none.
+	checkStep func(ctx context.Context) error
+	// The step budget (Config.MaxStepBytes, Config.MaxStepsBytes).
+	maxStep, maxSteps int
+	// lost is set once the engine knows the lease is lost: the heartbeat
+	// found it taken over, or the store refused a step for it. No step's
+	// function runs after that.
+	lost       atomic.Bool
+	mu         sync.Mutex
+	recorded   []RecordedStep
+	stepsBytes int  // encoded size of recorded, and of the saves under way
+	savedSteps bool // this execution recorded a step
+	ended      bool // the handler returned: no step may begin
 	// stepsRunning counts the steps whose function runs or whose record is
 	// being saved.
 	stepsRunning sync.WaitGroup
 	// unsavedStep is the error of a step that ran but was not recorded.
 	unsavedStep atomic.Pointer[error]
+	// pending are the steps that ran and whose record the store failed
+	// (not refused: the lease was not lost), under mu: the engine records
+	// them later, while it still holds the lease (see saveLater).
+	pending []RecordedStep
+	// unrecordable is set when a step ran whose record no try can make
+	// (its result does not encode, or passes the budget).
+	unrecordable atomic.Bool
+
+	// stepsRefused is what Step returns when steps is nil, when the
+	// engine has a more precise reason than ErrStepsUnsupported.
+	stepsRefused error
 }
 
 // execKey is the context key under which a run context answers its

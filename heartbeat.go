@@ -235,12 +235,15 @@ func (k *keeper) extend(l *lease) {
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		l.lost = true
+		// Before the cancellation: a step that sees the context
+		// cancelled must find the lease known lost (Step).
+		l.ctx.exec.lost.Store(true)
 		l.ctx.lose(ErrLeaseLost)
 	case err != nil:
 		// A store hiccup: the lease still runs for a while; try again at
 		// the next tick rather than waiting a whole interval.
 		k.logger.Warn("idem: lease heartbeat failed; retrying at the next tick", slog.String("store", k.storeName),
-			slog.String("key", l.params.Key), slog.Any("error", err))
+			slog.String("key", l.params.Key), errorAttr(err))
 		l.due = k.ticks + 1
 		failed, opCtx = true, l.ctx
 	default:

@@ -114,7 +114,7 @@ func (j *Janitor) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil && !errors.Is(err, context.Canceled):
-			j.config.Logger.WarnContext(ctx, "idem: purge failed", slog.String("store", j.name), slog.Any("error", err), slog.Int("deleted", n))
+			j.config.Logger.WarnContext(ctx, "idem: purge failed", slog.String("store", j.name), errorAttr(err), slog.Int("deleted", n))
 		case n > 0:
 			j.config.Logger.InfoContext(ctx, "idem: purged expired records", slog.Int("deleted", n), slog.String("store", j.name))
 		}

@@ -6,12 +6,15 @@ import (
 )
 
 // Store keeps idempotency records. Implementations: idemmem (in memory),
-// idemsql (database/sql: SQLite, MySQL/MariaDB, PostgreSQL), idempg (pgx)
-// and idemredis. Every implementation passes idemstoretest.Exercise.
+// idemsql (database/sql: SQLite, MySQL/MariaDB, PostgreSQL), idempg (pgx),
+// idemredis and idemdynamo. Every implementation passes
+// idemstoretest.Exercise.
 //
 // All times (lease ends, retention) are decided by the store's own clock
 // (SQL now(), Redis TIME), never by the caller's, so that application
-// servers with drifting clocks agree.
+// servers with drifting clocks agree. DynamoDB has no clock a request can
+// read: idemdynamo uses the application's, with a bound on the skew
+// between processes added to every check.
 //
 // Stores must not keep the slices they are given (ClaimParams.Fingerprint,
 // CompleteParams.Result.Body and Header): callers such as idemhttp reuse
@@ -84,6 +87,12 @@ type StoreInfo struct {
 	// key because of a cancellation or a failed completion, since a retry
 	// would do those effects a second time.
 	Transactional bool
+
+	// SingleTransaction is true when the store claims a key as the first
+	// statement of the unit of work (see UnitClaimer): the engine then
+	// claims through ClaimUnit, runs no heartbeat and refuses recovery
+	// points. The store must implement UnitClaimer.
+	SingleTransaction bool
 }
 
 // UnitOfWork is one unit of work: the handler's business writes and the
@@ -110,7 +119,10 @@ type UnitOfWork interface {
 	// and returns an error.
 	Complete(ctx context.Context, p CompleteParams) error
 
-	// Rollback abandons the unit of work. The record stays in flight.
+	// Rollback abandons the unit of work. The record stays in flight. It
+	// returns an error when the database had ended the transaction under
+	// the handler (a deadlock): the engine then stores nothing, not even
+	// an answer meant to be stored without the writes (RollbackWrites).
 	Rollback(ctx context.Context) error
 }
 
@@ -155,6 +167,12 @@ type CompleteParams struct {
 	Key    string
 	Token  int64
 	Result Result
+	// WithoutWrites asks the unit of work to roll the handler's writes
+	// back and store Result alone (idem.RollbackWrites). The engine sets
+	// it only on a unit that a UnitClaimer began, whose claim would roll
+	// back with the writes; on other stores it rolls back and completes
+	// in a new unit of work itself.
+	WithoutWrites bool
 }
 
 // ExtendParams are the arguments of Store.Extend.

@@ -14,8 +14,9 @@ import (
 // engine, the janitor, idemhttp and ideminbox find them by type assertion
 // on Config.Tracer and call those it implements: StoreTracer (every store
 // call), LeaseTracer (lost leases, takeovers, heartbeat failures),
-// PurgeTracer (the janitor's passes), RequestTracer (idemhttp's requests)
-// and MessageTracer (ideminbox's messages).
+// PurgeTracer (the janitor's passes) and RequestTracer (idemhttp's
+// requests). ideminbox traces its messages with a tracer of its own
+// (ideminbox.MessageTracer, set in ideminbox.Config.Tracer).
 //
 // Calls come from many goroutines at once; a Tracer must be safe for
 // concurrent use, and fast: it runs on every request. With no tracer the
@@ -396,17 +397,33 @@ type RequestTracer interface {
 
 // TraceRequestStartData describes a request that arrives.
 type TraceRequestStartData struct {
-	Method string
+	// Protocol names the front end's protocol: "grpc", "connect"; empty
+	// for HTTP (idemhttp and the routers built on it).
+	Protocol string
+	Method   string
 	// Route is the route's pattern ("/orders/{id}"), never the raw path;
 	// "unmatched" when the router named none.
 	Route string
 }
 
+// RequestMethod is the method under which observers (idemprom, idemotel)
+// count a request: the HTTP method, or for an RPC front end (protocol
+// "grpc", "connect") its protocol, since every call is a POST and the
+// route (the full method name, "/pkg.Service/Method") says the rest.
+func RequestMethod(method, protocol string) string {
+	if protocol != "" {
+		return protocol
+	}
+	return method
+}
+
 // TraceRequestEndData describes a request that was answered.
 type TraceRequestEndData struct {
-	Method  string
-	Route   string
-	Outcome RequestOutcome
+	// Protocol is TraceRequestStartData.Protocol.
+	Protocol string
+	Method   string
+	Route    string
+	Outcome  RequestOutcome
 	// Status is the status sent; 0 when the request passed through (the
 	// front end did not watch the answer).
 	Status int
@@ -415,34 +432,6 @@ type TraceRequestEndData struct {
 	Execution time.Duration
 	// Err is the engine's error, if any.
 	Err error
-}
-
-// MessageTracer observes the messages of a consumer inbox (ideminbox),
-// which finds it on its engine's Config.Tracer.
-type MessageTracer interface {
-	// TraceMessageStart is called when Inbox.Process starts; the context
-	// it returns is the one the engine and the handler run under.
-	TraceMessageStart(ctx context.Context, data TraceMessageStartData) context.Context
-	// TraceMessageEnd is called when Process returns, with that context.
-	TraceMessageEnd(ctx context.Context, data TraceMessageEndData)
-}
-
-// TraceMessageStartData describes a message that arrives.
-type TraceMessageStartData struct {
-	Consumer string
-	// Subject is where the message came from (subject, queue).
-	Subject string
-	// Attempt is the broker's delivery number, 0 when it keeps none.
-	Attempt int
-}
-
-// TraceMessageEndData describes a message that was processed.
-type TraceMessageEndData struct {
-	Consumer string
-	// Action is what the broker was told: "ack", "ack-duplicate",
-	// "ack-poison", "nack", "reject" or "hold" (ideminbox.Action).
-	Action string
-	Err    error
 }
 
 // classifyOperation names the outcome of Engine.Do from what it returns.
@@ -470,7 +459,9 @@ func classifyOperation(ctx context.Context, out Outcome, err error) OperationOut
 		return OutcomeStepNotSaved
 	case errors.Is(err, ErrStore):
 		return OutcomeStoreUnavailable
-	case ctx.Err() != nil:
+	case ctx.Err() != nil, isWaitEnded(err):
+		// A waiter whose Operation.WaitContext ended (its client left)
+		// ran nothing, although Do's context lives on.
 		return OutcomeCancelled
 	}
 	return OutcomeHandlerError
@@ -668,9 +659,6 @@ func MultiTracer(tracers ...Tracer) Tracer {
 		if r, ok := t.(RequestTracer); ok {
 			m.request = append(m.request, r)
 		}
-		if g, ok := t.(MessageTracer); ok {
-			m.message = append(m.message, g)
-		}
 	}
 	switch len(m.all) {
 	case 0:
@@ -687,7 +675,6 @@ type multiTracer struct {
 	lease   []LeaseTracer
 	purge   []PurgeTracer
 	request []RequestTracer
-	message []MessageTracer
 }
 
 func (m *multiTracer) TraceOperationStart(ctx context.Context, data TraceOperationStartData) context.Context {
@@ -738,18 +725,5 @@ func (m *multiTracer) TraceRequestStart(ctx context.Context, data TraceRequestSt
 func (m *multiTracer) TraceRequestEnd(ctx context.Context, data TraceRequestEndData) {
 	for _, t := range m.request {
 		t.TraceRequestEnd(ctx, data)
-	}
-}
-
-func (m *multiTracer) TraceMessageStart(ctx context.Context, data TraceMessageStartData) context.Context {
-	for _, t := range m.message {
-		ctx = t.TraceMessageStart(ctx, data)
-	}
-	return ctx
-}
-
-func (m *multiTracer) TraceMessageEnd(ctx context.Context, data TraceMessageEndData) {
-	for _, t := range m.message {
-		t.TraceMessageEnd(ctx, data)
 	}
 }

@@ -178,6 +178,20 @@ func (f *Front) Classify(err error, s State) Answer {
 	return a
 }
 
+// KindOf says how a front end answers a successful Engine.Do: Replayed
+// (send the stored result with the front end's replay marker), NotStored
+// (the handler said it did not execute: send its answer, nothing was
+// stored) or Executed.
+func KindOf(out idem.Outcome) Kind {
+	switch {
+	case out.Replayed:
+		return Replayed
+	case out.NotStored:
+		return NotStored
+	}
+	return Executed
+}
+
 // Refuse returns the answer to a call the front end refuses before the
 // engine sees it (KeyRequired, InvalidKey, InvalidTenant,
 // Unauthenticated, RequestTooLarge, RequestUnreadable), with the advice

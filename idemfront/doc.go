@@ -16,8 +16,9 @@
 //	defer stop()
 //	out, err := engine.Do(ctx, op, run)
 //
-// It answers an error by its kind, in its protocol's codes, with the
-// retry advice the kind deserves:
+// It answers a success by its kind (KindOf: executed, replayed with its
+// marker, not stored), and an error by its kind, in its protocol's codes,
+// with the retry advice the kind deserves:
 //
 //	a := front.Classify(err, idemfront.State{Ran: ran, Ctx: ctx, CallerCtx: callerCtx})
 //	a.Log(ctx, logger, "idemgrpc", op.Key)

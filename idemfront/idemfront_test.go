@@ -211,3 +211,18 @@ func TestHeadersLookupAllocs(t *testing.T) {
 		}
 	}
 }
+
+func TestKindOf(t *testing.T) {
+	for _, tc := range []struct {
+		out  idem.Outcome
+		want idemfront.Kind
+	}{
+		{idem.Outcome{}, idemfront.Executed},
+		{idem.Outcome{Replayed: true}, idemfront.Replayed},
+		{idem.Outcome{NotStored: true}, idemfront.NotStored},
+	} {
+		if got := idemfront.KindOf(tc.out); got != tc.want {
+			t.Errorf("KindOf(%+v) = %s, want %s", tc.out, got, tc.want)
+		}
+	}
+}

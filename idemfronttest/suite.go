@@ -41,9 +41,9 @@ type env struct {
 // newEnv starts the front end over a fresh store for one case, protecting
 // h (counted in env.runs).
 //
-// The gates h waits at are opened when the case ends, before the engine
-// is closed: a failing case must not leave a handler blocked, which the
-// engine's Close would wait for.
+// The gates h waits at are opened when the case ends, before the front
+// end is stopped and the engine closed: a failing case must not leave a
+// handler blocked, which both would wait for.
 func (s *suite) newEnv(t *testing.T, opts Options, h Handler, gates ...*gate) *env {
 	t.Helper()
 	var fx *Store
@@ -65,14 +65,16 @@ func (s *suite) newEnv(t *testing.T, opts Options, h Handler, gates ...*gate) *e
 		defer cancel()
 		_ = engine.Close(ctx)
 	})
+	e.client = s.h.Serve(t, engine, opts, func(ctx context.Context, body []byte) Response {
+		e.runs.Add(1)
+		return h(ctx, body)
+	})
+	// Registered after Serve's cleanup, so run before it: a server's
+	// Close waits for the handlers still running.
 	t.Cleanup(func() {
 		for _, g := range gates {
 			g.release()
 		}
-	})
-	e.client = s.h.Serve(t, engine, opts, func(ctx context.Context, body []byte) Response {
-		e.runs.Add(1)
-		return h(ctx, body)
 	})
 	return e
 }

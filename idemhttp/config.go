@@ -116,6 +116,20 @@ type Config struct {
 	// DefaultMethods (POST, PATCH).
 	Methods []string
 
+	// KeyHeader names the request header that carries the key, for an
+	// API that calls it otherwise (X-Idempotency-Key). Its value follows
+	// the rules of ParseKey, and every answer to a request that carried
+	// it echoes it under the same name. Defaults to Idempotency-Key.
+	KeyHeader string
+
+	// KeyFunc reads the key from the request instead of a header (a query
+	// parameter, a header of a gateway's own format): "" means the request
+	// carries none, an error is answered as an invalid key (400), and a key
+	// it returns must pass idem.ValidateKey. It runs before the body is
+	// read, so it must not read r.Body. The key it returns is not echoed.
+	// Set KeyHeader or KeyFunc, not both.
+	KeyFunc func(r *http.Request) (string, error)
+
 	// RequireKey makes a covered request without Idempotency-Key a 400
 	// problem. Defaults to false: such a request passes through
 	// unprotected, as Stripe does.
@@ -160,6 +174,35 @@ type Config struct {
 	// upgrading from a version that did not fingerprint the media type:
 	// the fingerprints of requests stored before carry none.
 	IgnoreMediaType bool
+
+	// CanonicalJSON fingerprints a body that is one JSON text by its
+	// canonical form (AppendCanonicalJSON): object member order,
+	// insignificant whitespace and the escapes that spell a string do not
+	// count; numbers count as written (1 and 1.0 differ). A body that is
+	// not JSON (or is empty, or nests deeper than 64 levels) is
+	// fingerprinted by its bytes, as without the option, and never like a
+	// JSON body: the handler then answers it as it answers any malformed
+	// body. It costs about what hashing the body once more does, however
+	// the body nests (BenchmarkCanonicalJSONDeep). Defaults to false: the
+	// body's bytes. Switching it on changes the fingerprint of every JSON
+	// body: a retry of a request stored before gets 422.
+	CanonicalJSON bool
+
+	// IgnoreJSON are JSON Pointers (RFC 6901) to the members of a JSON
+	// body left out of its fingerprint: a client timestamp, a rotating
+	// token, which differ between a request and its retry. It implies
+	// CanonicalJSON. A member it names counts the same whether present
+	// or not; an array element it names counts as an element.
+	IgnoreJSON []string
+
+	// FingerprintFunc replaces the whole fingerprint: what it returns for
+	// a request (whose body has been read into body; r.Body must not be
+	// read) names what the request asks for; two requests under one key
+	// with different answers are refused as a mismatch (422). Method,
+	// path, query, headers and media type count only if it puts them in.
+	// It must be deterministic across processes and deploys. Set it, or
+	// the options above, not both.
+	FingerprintFunc func(r *http.Request, body []byte) []byte
 
 	// MaxRequestBody bounds the body read to fingerprint it. A larger body
 	// is refused with 413 before anything runs or is stored. The body is
@@ -272,6 +315,17 @@ type Config struct {
 	// Required for those modes.
 	ReplayFunc func(w http.ResponseWriter, r *http.Request, res idem.Result)
 
+	// OnReplay is called for every replay, before it is sent, with the
+	// stored result: to count or log replays, or to add headers that
+	// concern this answer rather than the stored one (a trace id). It
+	// cannot change the answer: the headers it puts in h are added to the
+	// replay only under names the replay does not set itself, and never
+	// the key and replay headers or those of the connection and the
+	// framing (Content-Length, Transfer-Encoding, hop-by-hop fields).
+	// r's body has been read; res is read-only. A panic in it is logged
+	// and the replay sent without its headers. Defaults to nil.
+	OnReplay func(r *http.Request, res idem.Result, h http.Header)
+
 	// Logger receives handler panics, store failures, lost leases,
 	// invalid tenants and oversized or incomplete responses. Defaults to
 	// slog.Default().
@@ -355,5 +409,5 @@ func (c *Config) validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return nil
+	return c.validateFingerprint()
 }

@@ -81,6 +81,17 @@
 // idem.ModeReference and idem.ModeMarker a successful answer is stored
 // compactly and replays are rebuilt by Config.ReplayFunc.
 //
+// # Options
+//
+// Config.KeyHeader or Config.KeyFunc read the key from elsewhere than
+// Idempotency-Key. Config.CanonicalJSON, Config.IgnoreJSON (JSON
+// Pointers to a timestamp, a rotating token) and Config.FingerprintFunc
+// say what of the body counts. Config.OnReplay sees every replay, and
+// FirstExecution tells a handler whether an earlier execution may have
+// begun its work. A route with its own lease, retention, methods, storage
+// mode, wait or 5xx rule is wrapped in Middleware.With(policy), starting
+// from Middleware.Policy.
+//
 // # Design
 //
 // How requests and answers are buffered: docs/DESIGN-HTTP.md. The

@@ -38,7 +38,7 @@ const fingerprintVersion = "idemhttp.fingerprint.v1"
 // empty differ too. The cost is linear in the size of the request, but
 // for the sort of at most 10,000 parameters.
 func Fingerprint(r *http.Request, body []byte, headers []string) []byte {
-	return fingerprint(make([]byte, 0, sha256.Size), r, body, headers, true)
+	return fingerprint(make([]byte, 0, sha256.Size), r, body, headers, true, false)
 }
 
 // fingerprinter is a reusable hash and buffer: hashing a request costs
@@ -82,6 +82,9 @@ const (
 	markRawQuery = -1
 	// markMediaType starts the media type, after the headers.
 	markMediaType = -2
+	// markCanonicalJSON stands before the body's length when the body is
+	// the canonical form of a JSON body.
+	markCanonicalJSON = -3
 )
 
 // maxQueryParams is how many parameters url.ParseQuery accepts; past it,
@@ -89,8 +92,10 @@ const (
 const maxQueryParams = 10000
 
 // fingerprint appends the fingerprint of r to dst. mediaType adds the
-// request's media type.
-func fingerprint(dst []byte, r *http.Request, body []byte, headers []string, mediaType bool) []byte {
+// request's media type. canonical says body is the canonical form of a
+// JSON body (Config.CanonicalJSON), marked so that it never hashes like
+// a body of the same bytes.
+func fingerprint(dst []byte, r *http.Request, body []byte, headers []string, mediaType, canonical bool) []byte {
 	f := fingerprinters.Get().(*fingerprinter)
 	f.h.Reset()
 
@@ -99,6 +104,9 @@ func fingerprint(dst []byte, r *http.Request, body []byte, headers []string, med
 	f.putString(r.Method)
 	f.putString(r.URL.EscapedPath())
 	f.putQuery(r.URL.RawQuery)
+	if canonical {
+		f.putLen(markCanonicalJSON)
+	}
 	f.putLen(len(body))
 	f.h.Write(f.buf)
 	f.h.Write(body)

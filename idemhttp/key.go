@@ -32,12 +32,17 @@ const (
 //
 // Every error wraps idem.ErrInvalidKey.
 func ParseKey(h http.Header) (string, error) {
-	values, ok := h[HeaderKey]
+	return parseKeyField(h, HeaderKey)
+}
+
+// parseKeyField is ParseKey for the field name, in canonical form.
+func parseKeyField(h http.Header, name string) (string, error) {
+	values, ok := h[name]
 	if !ok {
 		return "", nil
 	}
 	if len(values) != 1 {
-		return "", fmt.Errorf("%w: %d %s fields, want exactly one", idem.ErrInvalidKey, len(values), HeaderKey)
+		return "", fmt.Errorf("%w: %d %s fields, want exactly one", idem.ErrInvalidKey, len(values), name)
 	}
 	v := strings.Trim(values[0], " \t")
 	key := v

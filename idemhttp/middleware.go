@@ -29,6 +29,12 @@ type Middleware struct {
 	retryAfter []string           // the Retry-After value, in whole seconds
 	problems   *problems          // the texts true for the engine's store
 	tracer     idem.RequestTracer // the engine's tracer, when it traces requests
+
+	keyHeader     string        // the canonical name of the key field
+	canonicalJSON bool          // Config.CanonicalJSON or Config.IgnoreJSON
+	ignoreJSON    *JSONPointers // Config.IgnoreJSON, compiled
+	keyRequired   *problem      // the key problems, worded for the key source
+	invalidKey    *problem
 }
 
 // NewMiddleware returns a middleware that runs the requests it covers
@@ -47,13 +53,22 @@ func NewMiddleware(engine *idem.Engine, config *Config) (*Middleware, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	keyHeader, err := cfg.validateKeySource()
+	if err != nil {
+		return nil, err
+	}
+	ignoreJSON, err := ParseJSONPointers(cfg.IgnoreJSON...)
+	if err != nil {
+		return nil, err
+	}
 
 	front, err := idemfront.New(engine, &idemfront.Config{RetryAfter: cfg.RetryAfter})
 	if err != nil {
 		return nil, err
 	}
 	// validate has refused what NewHeaders would.
-	replay, err := idemfront.NewHeaders(append(slices.Clip(DefaultReplayHeaders), cfg.ReplayHeaders...), neverReplayed)
+	// A key field of another name is never replayed either.
+	replay, err := idemfront.NewHeaders(append(slices.Clip(DefaultReplayHeaders), cfg.ReplayHeaders...), append(slices.Clip(neverReplayed), keyHeader))
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: ReplayHeaders: %w", err)
 	}
@@ -64,10 +79,15 @@ func NewMiddleware(engine *idem.Engine, config *Config) (*Middleware, error) {
 		methods:  cfg.Methods,
 		replay:   replay,
 		problems: &problemsNotTransactional,
+
+		keyHeader:     keyHeader,
+		canonicalJSON: cfg.CanonicalJSON || len(cfg.IgnoreJSON) > 0,
+		ignoreJSON:    ignoreJSON,
 	}
 	if front.Transactional() {
 		m.problems = &problemsTransactional
 	}
+	m.keyRequired, m.invalidKey = keyProblems(keyHeader, cfg.KeyFunc != nil)
 	m.retryAfter = []string{strconv.Itoa(retryAfterSeconds(front.RetryAfter()))}
 	m.tracer, _ = engine.Config().Tracer.(idem.RequestTracer)
 	return m, nil
@@ -112,16 +132,16 @@ func (m *Middleware) covers(method string) bool {
 // serve answers a request of a covered method, and says how. t is the
 // request's trace, nil when untraced.
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, t *requestTrace) (idem.RequestOutcome, int) {
-	key, err := ParseKey(r.Header)
+	key, err := m.keyOf(r)
 	if err != nil {
 		// Echoed too, as every answer to a covered request that carried a
 		// key, so that the client can tell which of its keys was refused.
-		w.Header()[HeaderKey] = r.Header[HeaderKey]
-		return idem.RequestInvalidKey, writeProblem(w, problemInvalidKey)
+		m.echoKey(w, r)
+		return idem.RequestInvalidKey, writeProblem(w, m.invalidKey)
 	}
 	if key == "" {
 		if m.config.RequireKey {
-			return idem.RequestKeyRequired, writeProblem(w, problemKeyRequired)
+			return idem.RequestKeyRequired, writeProblem(w, m.keyRequired)
 		}
 		next.ServeHTTP(w, r)
 		if t != nil {
@@ -130,7 +150,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return idem.RequestPassthrough, 0
 	}
 	// From here on every answer echoes the key, as the client sent it.
-	w.Header()[HeaderKey] = r.Header[HeaderKey]
+	m.echoKey(w, r)
 
 	tenant := ""
 	if m.config.TenantFunc != nil {
@@ -158,10 +178,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return idem.RequestUnreadable, writeProblem(w, problemRequestUnreadable)
 	}
 
+	var fp []byte
+	fp, x.scratch.canon = m.fingerprintOf(x.fp[:0], r, buf, x.scratch.canon)
 	op := idem.Operation{
 		Tenant:       tenant,
 		Key:          key,
-		Fingerprint:  fingerprint(x.fp[:0], r, buf, m.config.FingerprintHeaders, !m.config.IgnoreMediaType),
+		Fingerprint:  fp,
 		WaitInFlight: m.config.WaitInFlight,
 		// A waiting request stops when its client goes away, whatever
 		// CancelOnDisconnect says: it has run nothing.
@@ -226,6 +248,7 @@ type scratch struct {
 	resp   []byte
 	outer  []headerField
 	stored map[string][]string
+	canon  []byte // the canonical form of a JSON body (Config.CanonicalJSON)
 }
 
 var scratches = sync.Pool{New: func() any {
@@ -242,6 +265,9 @@ func (x *exchange) end() {
 	s.req = x.body.end()
 	if cap(s.req) > maxPooledBody {
 		s.req = nil
+	}
+	if cap(s.canon) > maxPooledBody {
+		s.canon = nil
 	}
 	if x.ran {
 		x.rec.seal()
@@ -400,6 +426,7 @@ func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *r
 			return idem.RequestReplayFailed, writeProblem(w, problemReplayFailed)
 		}
 		h[HeaderReplayed] = replayedTrue
+		m.onReplay(w, r, res)
 		// The original body was read to fingerprint it: give the function
 		// a request whose body reads it again. A copy, not r itself, which
 		// outer middlewares still hold.
@@ -419,6 +446,7 @@ func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *r
 			h[http.CanonicalHeaderKey(k)] = v
 		}
 	}
+	m.onReplay(w, r, res)
 	w.WriteHeader(res.Status)
 	if len(res.Body) > 0 {
 		w.Write(res.Body) //nolint:errcheck // the client is gone
@@ -555,7 +583,7 @@ func (m *Middleware) problemFor(a idemfront.Answer) *problem {
 		}
 		return p.storeUnavailable
 	case idemfront.InvalidKey:
-		return problemInvalidKey
+		return m.invalidKey
 	case idemfront.StepNotSaved:
 		// A step's effect stands without its record: the key is held
 		// until its lease ends, then a retry takes it over.

@@ -103,7 +103,7 @@
 //
 // Consumer records live under Tenant(consumer): a control character, then
 // "inbox:", then the consumer name. HTTP keys and consumer keys may share
-// an engine and a store (Config.Engine): no HTTP tenant can be spelled
+// an engine and a store (NewInbox takes the engine): no HTTP tenant can be spelled
 // that way, so a request can never claim, replay or block a message's
 // key, whatever names either side uses.
 //
@@ -112,9 +112,25 @@
 // Consumer keys are kept for Config.Retention (7 days by default), far
 // beyond any broker window, and purged like HTTP keys by idem.Janitor.
 //
+// # Tracing
+//
+// Config.Tracer (a MessageTracer) sees every message Process handles and
+// the Action it answered; idemprom's Collector and idemotel's Tracer
+// implement it. The inbox's operations and store calls go to its engine's
+// tracer (idem.Config.Tracer): give a tracer that implements both to
+// both.
+//
 // # Adapters
 //
 // The core knows no broker. Subpackages turn decisions into broker calls:
 // idemjetstream (NATS JetStream: Ack, NakWithDelay, InProgress while
 // held, Term) and idemamqp (RabbitMQ: Ack, Nack with requeue, Reject).
+// Both run the same delivery loop, Loop: an adapter implements Delivery
+// (the message, and Ack, Nak, Term, InProgress) for its broker's message,
+// says in LoopConfig whether its broker delays a redelivery and reports
+// progress, and calls Loop.Handle or Loop.Consume. The repository's
+// broker-adapter suite runs against each adapter on its real broker:
+// copies delivered at once take effect once, a failed handler's message
+// runs again, a message that keeps failing ends as poison, and a killed
+// consumer's message is redelivered without a second effect.
 package ideminbox

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/idemmem"
 )
@@ -14,8 +15,11 @@ import (
 // through the store's transaction and its rows commit with the dedup
 // record; idemmem keeps the example free of any server.
 func Example() {
-	inbox, err := ideminbox.NewInbox(&ideminbox.Config{
-		Store:    idemmem.NewStore(nil),
+	engine, err := idem.NewEngine(idemmem.NewStore(nil), nil)
+	if err != nil {
+		panic(err)
+	}
+	inbox, err := ideminbox.NewInbox(engine, &ideminbox.Config{
 		Consumer: "order-projector",
 	})
 	if err != nil {
@@ -42,8 +46,11 @@ func Example() {
 // as poison, with its payload and error, handed to the dead-letter hook
 // and acknowledged; its later copies are acknowledged without running.
 func ExampleInbox_Status() {
-	inbox, err := ideminbox.NewInbox(&ideminbox.Config{
-		Store:       idemmem.NewStore(nil),
+	engine, err := idem.NewEngine(idemmem.NewStore(nil), nil)
+	if err != nil {
+		panic(err)
+	}
+	inbox, err := ideminbox.NewInbox(engine, &ideminbox.Config{
 		Consumer:    "order-projector",
 		MaxAttempts: 2,
 		DeadLetterFunc: func(ctx context.Context, msg ideminbox.Message, cause error) error {

@@ -15,10 +15,20 @@ import (
 	"github.com/idem-go/idem/idemmem"
 )
 
+// newEngine returns an engine over store, closed when the test ends.
+func newEngine(t testing.TB, store idem.Store) *idem.Engine {
+	t.Helper()
+	e, err := idem.NewEngine(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	return e
+}
+
 func newInbox(t *testing.T, store idem.Store, mod func(*ideminbox.Config)) *ideminbox.Inbox {
 	t.Helper()
 	c := ideminbox.Config{
-		Store:          store,
 		Consumer:       "orders",
 		MaxAttempts:    3,
 		InFlightDelay:  time.Millisecond,
@@ -27,7 +37,7 @@ func newInbox(t *testing.T, store idem.Store, mod func(*ideminbox.Config)) *idem
 	if mod != nil {
 		mod(&c)
 	}
-	in, err := ideminbox.NewInbox(&c)
+	in, err := ideminbox.NewInbox(newEngine(t, store), &c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,29 +290,32 @@ func TestConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := ideminbox.NewInbox(&ideminbox.Config{Engine: engine, Consumer: "c"})
+	in, err := ideminbox.NewInbox(engine, &ideminbox.Config{Consumer: "c"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := in.Config()
-	ec := c.Engine.Config()
-	if ec.Retention != ideminbox.DefaultRetention || ec.Lease != time.Minute ||
+	if c.Retention != ideminbox.DefaultRetention ||
 		c.MaxAttempts != ideminbox.DefaultMaxAttempts || c.InFlightDelay != ideminbox.DefaultInFlightDelay ||
 		c.StoreRetryInterval != ideminbox.DefaultStoreRetryInterval || c.MaxPoisonData != ideminbox.DefaultMaxPoisonData ||
 		c.RetryDelayFunc(1) != time.Second || c.RetryDelayFunc(3) != 4*time.Second || c.RetryDelayFunc(30) != time.Minute {
-		t.Fatalf("defaults: %+v, engine %+v", c, ec)
+		t.Fatalf("defaults: %+v", c)
+	}
+	if _, err := ideminbox.NewInbox(nil, &ideminbox.Config{Consumer: "c"}); err == nil {
+		t.Error("NewInbox without an engine accepted")
+	}
+	if _, err := ideminbox.NewInbox(engine, nil); err == nil {
+		t.Error("NewInbox without a Config accepted")
 	}
 	for _, bad := range []ideminbox.Config{
-		{Store: idemmem.NewStore(nil)},
-		{Consumer: "c"},
-		{Consumer: "c", Engine: engine, Store: idemmem.NewStore(nil)},
-		{Consumer: strings.Repeat("c", 256), Store: idemmem.NewStore(nil)}, // its tenant would not fit MySQL's 512 bytes
-		{Consumer: "c\x00", Store: idemmem.NewStore(nil)},                  // PostgreSQL refuses NUL in text
-		{Consumer: "c\xff", Store: idemmem.NewStore(nil)},                  // and invalid UTF-8
-		{Consumer: "c\u009b", Store: idemmem.NewStore(nil)},                // a control character
+		{},
+		{Consumer: strings.Repeat("c", 256)}, // its tenant would not fit MySQL's 512 bytes
+		{Consumer: "c\x00"},                  // PostgreSQL refuses NUL in text
+		{Consumer: "c\xff"},                  // and invalid UTF-8
+		{Consumer: "c\u009b"},                // a control character
 	} {
-		if _, err := ideminbox.NewInbox(&bad); err == nil {
-			t.Errorf("New(%+v) accepted", bad)
+		if _, err := ideminbox.NewInbox(engine, &bad); err == nil {
+			t.Errorf("NewInbox(%+v) accepted", bad)
 		}
 	}
 }

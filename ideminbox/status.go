@@ -3,7 +3,6 @@ package ideminbox
 import (
 	"context"
 	"errors"
-	"strconv"
 
 	"github.com/idem-go/idem"
 )
@@ -59,7 +58,7 @@ type Status struct {
 // Status reads the record of the message id, as stored: a record past
 // retention that no purge has deleted yet is still reported.
 func (in *Inbox) Status(ctx context.Context, id string) (Status, error) {
-	rec, err := in.config.Store.Get(ctx, in.tenant, Key(id))
+	rec, err := in.store.Get(ctx, in.tenant, Key(id))
 	if errors.Is(err, idem.ErrNotFound) {
 		return Status{State: StateAbsent}, nil
 	}
@@ -69,24 +68,9 @@ func (in *Inbox) Status(ctx context.Context, id string) (Status, error) {
 	if rec.State == idem.StateInFlight {
 		return Status{State: StateInFlight}, nil
 	}
-	if rec.Result.Status != statusPoison {
+	p, data, ok := decodePoison(rec.Result)
+	if !ok {
 		return Status{State: StateProcessed}, nil
 	}
-	st := Status{State: StatePoison, Data: rec.Result.Body, DataSize: len(rec.Result.Body)}
-	h := rec.Result.Header
-	if v := h[headerError]; len(v) > 0 {
-		st.Error = v[0]
-	}
-	if v := h[headerSubject]; len(v) > 0 {
-		st.Subject = v[0]
-	}
-	if v := h[headerAttempt]; len(v) > 0 {
-		st.Attempt, _ = strconv.Atoi(v[0])
-	}
-	if v := h[headerDataSize]; len(v) > 0 {
-		if n, err := strconv.Atoi(v[0]); err == nil {
-			st.DataSize = n
-		}
-	}
-	return st, nil
+	return Status{State: StatePoison, Error: p.Error, Attempt: p.Attempt, Subject: p.Subject, Data: data, DataSize: p.DataSize}, nil
 }

@@ -8,7 +8,14 @@ import (
 	"github.com/idem-go/idem/idemstoretest"
 )
 
-func TestStore(t *testing.T) {
+// TestConformance runs the shared suite one level down, under "memory",
+// so that every store's cases have the same names,
+// TestConformance/<store>/<area>/<case>, as the docs cite them.
+func TestConformance(t *testing.T) {
+	t.Run("memory", func(t *testing.T) { conformance(t) })
+}
+
+func conformance(t *testing.T) {
 	idemstoretest.Exercise(context.Background(), t, func(t *testing.T) *idemstoretest.Fixture {
 		s := idemmem.NewStore(nil)
 		// The memory store lives in one process: the in-process

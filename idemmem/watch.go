@@ -30,7 +30,8 @@ var closed = func() chan struct{} {
 // changes the record (Complete, Release, a takeover, Purge), or by a timer
 // at the end of its lease. A record that is absent or complete gets a
 // channel closed already. The lease's timer runs on the real clock, from
-// the lease's end on the store's clock (Config.NowFunc).
+// the lease's end on the store's clock (Config.NowFunc). ctx is only
+// checked on the way in: the subscription lasts until stop.
 func (s *Store) Watch(ctx context.Context, tenant, key string) (<-chan struct{}, func(), error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err

@@ -17,6 +17,8 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemclient"
+	"github.com/idem-go/idem/ideminbox"
+	"github.com/idem-go/idem/internal/fieldtext"
 )
 
 // ScopeName is the instrumentation scope of the spans and metrics.
@@ -45,9 +47,13 @@ const (
 	KeyRetryReason      = attribute.Key("idem.client.retry.reason")
 	KeyMethod           = attribute.Key("http.request.method")
 	KeyRoute            = attribute.Key("http.route")
-	KeyStatus           = attribute.Key("http.response.status_code")
-	KeyResendCount      = attribute.Key("http.request.resend_count")
-	KeyDestination      = attribute.Key("messaging.destination.name")
+	// KeyRPCSystem is set on the request spans of an RPC front end:
+	// "grpc" (idemgrpc) or "connect_rpc" (idemconnect), as OpenTelemetry's
+	// RPC conventions name them.
+	KeyRPCSystem   = attribute.Key("rpc.system")
+	KeyStatus      = attribute.Key("http.response.status_code")
+	KeyResendCount = attribute.Key("http.request.resend_count")
+	KeyDestination = attribute.Key("messaging.destination.name")
 )
 
 // Config configures a Tracer. The zero value of every field means its
@@ -185,7 +191,7 @@ var (
 	_ idem.LeaseTracer        = (*Tracer)(nil)
 	_ idem.PurgeTracer        = (*Tracer)(nil)
 	_ idem.RequestTracer      = (*Tracer)(nil)
-	_ idem.MessageTracer      = (*Tracer)(nil)
+	_ ideminbox.MessageTracer = (*Tracer)(nil)
 	_ idemclient.ClientTracer = (*Tracer)(nil)
 )
 
@@ -269,7 +275,7 @@ func (t *Tracer) TraceOperationStart(ctx context.Context, d idem.TraceOperationS
 	if span.IsRecording() {
 		attrs := []attribute.KeyValue{KeyStore.String(d.Store), KeyKeyHash.String(KeyHash(d.Tenant, d.Key))}
 		if t.recordTenant {
-			attrs = append(attrs, KeyTenant.String(d.Tenant))
+			attrs = append(attrs, KeyTenant.String(fieldtext.Escape(d.Tenant)))
 		}
 		span.SetAttributes(attrs...)
 	}
@@ -308,7 +314,7 @@ func (t *Tracer) TraceOperationEnd(ctx context.Context, d idem.TraceOperationEnd
 		span.SetAttributes(attrs...)
 		if failed(d.Outcome) && !front {
 			if d.Err != nil {
-				span.RecordError(d.Err)
+				recordError(span, d.Err)
 			}
 			span.SetStatus(codes.Error, d.Outcome.String())
 		}
@@ -356,7 +362,7 @@ func (t *Tracer) TraceStoreEnd(ctx context.Context, d idem.TraceStoreEndData) {
 	span.SetAttributes(KeyStoreResult.String(d.Result.String()))
 	if d.Result == idem.StoreFailed {
 		if d.Err != nil {
-			span.RecordError(d.Err)
+			recordError(span, d.Err)
 		}
 		span.SetStatus(codes.Error, "store call failed")
 	}
@@ -377,7 +383,7 @@ func (t *Tracer) TraceLease(ctx context.Context, d idem.TraceLeaseData) {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		opts := []trace.EventOption{trace.WithAttributes(KeyStore.String(d.Store))}
 		if d.Err != nil {
-			opts = append(opts, trace.WithAttributes(attribute.String("exception.message", d.Err.Error())))
+			opts = append(opts, trace.WithAttributes(attribute.String("exception.message", errorText(d.Err))))
 		}
 		span.AddEvent("idem.lease."+d.Event.String(), opts...)
 	}
@@ -399,7 +405,7 @@ func (t *Tracer) TracePurge(ctx context.Context, d idem.TracePurgeData) {
 	_, span := t.tracer.Start(ctx, "idem.purge", trace.WithTimestamp(end.Add(-d.Duration)), trace.WithAttributes(
 		KeyStore.String(d.Store), KeyPurgeDeleted.Int(d.Deleted), KeyPurgeBatches.Int(d.Batches)))
 	if d.Err != nil && !cancelled {
-		span.RecordError(d.Err)
+		recordError(span, d.Err)
 		span.SetStatus(codes.Error, "purge failed")
 	}
 	span.End(trace.WithTimestamp(end))
@@ -413,14 +419,17 @@ func (t *Tracer) TraceRequestStart(ctx context.Context, d idem.TraceRequestStart
 	// allocated for the spans the sampler drops too.
 	ctx, span := t.tracer.Start(ctx, "idem.request")
 	if span.IsRecording() {
-		span.SetAttributes(KeyMethod.String(d.Method), KeyRoute.String(d.Route))
+		span.SetAttributes(KeyMethod.String(idem.RequestMethod(d.Method, d.Protocol)), KeyRoute.String(d.Route))
+		if d.Protocol != "" {
+			span.SetAttributes(KeyRPCSystem.String(rpcSystem(d.Protocol)))
+		}
 	}
 	return &frontCtx{Context: ctx, span: span}
 }
 
 // TraceRequestEnd implements idem.RequestTracer.
 func (t *Tracer) TraceRequestEnd(ctx context.Context, d idem.TraceRequestEndData) {
-	if r := t.route(d.Method, d.Route); int(d.Outcome) < len(r.requests) {
+	if r := t.route(idem.RequestMethod(d.Method, d.Protocol), d.Route); int(d.Outcome) < len(r.requests) {
 		t.requests.Add(ctx, 1, r.requests[d.Outcome])
 		if d.Execution > 0 {
 			t.execution.Record(ctx, d.Execution.Seconds(), r.execution[d.Outcome])
@@ -438,7 +447,7 @@ func (t *Tracer) TraceRequestEnd(ctx context.Context, d idem.TraceRequestEndData
 		span.SetAttributes(attrs...)
 		if requestFailed(d.Outcome) {
 			if d.Err != nil {
-				span.RecordError(d.Err)
+				recordError(span, d.Err)
 			}
 			span.SetStatus(codes.Error, d.Outcome.String())
 		}
@@ -446,25 +455,25 @@ func (t *Tracer) TraceRequestEnd(ctx context.Context, d idem.TraceRequestEndData
 	span.End()
 }
 
-// TraceMessageStart implements idem.MessageTracer: a consumer span
+// TraceMessageStart implements ideminbox.MessageTracer: a consumer span
 // "idem.message", which the engine's operation reports on and the
 // handler's spans are children of.
-func (t *Tracer) TraceMessageStart(ctx context.Context, d idem.TraceMessageStartData) context.Context {
+func (t *Tracer) TraceMessageStart(ctx context.Context, d ideminbox.TraceMessageStartData) context.Context {
 	ctx, span := t.tracer.Start(ctx, "idem.message", trace.WithSpanKind(trace.SpanKindConsumer))
 	if span.IsRecording() {
-		span.SetAttributes(KeyConsumer.String(d.Consumer), KeyDestination.String(d.Subject))
+		span.SetAttributes(KeyConsumer.String(fieldtext.Escape(d.Consumer)), KeyDestination.String(fieldtext.Escape(d.Subject)))
 	}
 	return &frontCtx{Context: ctx, span: span}
 }
 
-// TraceMessageEnd implements idem.MessageTracer.
-func (t *Tracer) TraceMessageEnd(ctx context.Context, d idem.TraceMessageEndData) {
+// TraceMessageEnd implements ideminbox.MessageTracer.
+func (t *Tracer) TraceMessageEnd(ctx context.Context, d ideminbox.TraceMessageEndData) {
 	t.inbox.Add(ctx, 1, t.consumer(d.Consumer).action(d.Action))
 	span := trace.SpanFromContext(ctx)
 	if span.IsRecording() {
-		span.SetAttributes(KeyInboxAction.String(d.Action), KeyOutcome.String(d.Action))
-		if d.Err != nil && d.Action != "ack" && d.Action != "ack-duplicate" {
-			span.RecordError(d.Err)
+		span.SetAttributes(KeyInboxAction.String(d.Action.String()), KeyOutcome.String(d.Action.String()))
+		if d.Err != nil && d.Action != ideminbox.Ack && d.Action != ideminbox.AckDuplicate {
+			recordError(span, d.Err)
 		}
 	}
 	span.End()
@@ -494,7 +503,7 @@ func (t *Tracer) TraceAttemptEnd(ctx context.Context, d idemclient.TraceAttemptE
 		}
 		span.SetAttributes(attrs...)
 		if d.Err != nil {
-			span.RecordError(d.Err)
+			recordError(span, d.Err)
 			span.SetStatus(codes.Error, d.Outcome.String())
 		}
 	}
@@ -590,26 +599,25 @@ func (t *Tracer) route(method, route string) *routeSets {
 // consumerSets are the attribute sets of one inbox consumer.
 type consumerSets struct {
 	name    string
-	actions map[string]metric.MeasurementOption
+	actions []metric.MeasurementOption // by ideminbox.Action
 }
-
-var inboxActions = []string{"ack", "ack-duplicate", "ack-poison", "nack", "reject", "hold"}
 
 func (t *Tracer) consumer(name string) *consumerSets {
 	return t.consumers.get(name, func() *consumerSets {
-		c := &consumerSets{name: name, actions: make(map[string]metric.MeasurementOption, len(inboxActions))}
-		for _, a := range inboxActions {
-			c.actions[a] = metric.WithAttributeSet(attribute.NewSet(KeyConsumer.String(name), KeyInboxAction.String(a)))
+		actions := ideminbox.Actions()
+		c := &consumerSets{name: name, actions: make([]metric.MeasurementOption, len(actions)+1)}
+		for _, a := range actions {
+			c.actions[a] = metric.WithAttributeSet(attribute.NewSet(KeyConsumer.String(name), KeyInboxAction.String(a.String())))
 		}
 		return c
 	})
 }
 
-func (c *consumerSets) action(a string) metric.MeasurementOption {
-	if o, ok := c.actions[a]; ok {
-		return o
+func (c *consumerSets) action(a ideminbox.Action) metric.MeasurementOption {
+	if int(a) < len(c.actions) && c.actions[a] != nil {
+		return c.actions[a]
 	}
-	return metric.WithAttributes(KeyConsumer.String(c.name), KeyInboxAction.String(a))
+	return metric.WithAttributes(KeyConsumer.String(c.name), KeyInboxAction.String(a.String()))
 }
 
 // cowMap is a map read without a lock: a copy is written, under mu, for
@@ -657,4 +665,13 @@ func (c *cowMap[K, V]) get(k K, newValue func() V) V {
 	n[k] = v
 	c.m.Store(&n)
 	return v
+}
+
+// rpcSystem names a front end's protocol as OpenTelemetry's rpc.system
+// does.
+func rpcSystem(protocol string) string {
+	if protocol == "connect" {
+		return "connect_rpc"
+	}
+	return protocol
 }

@@ -307,7 +307,7 @@ func TestMessageSpan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := ideminbox.NewInbox(&ideminbox.Config{Engine: engine, Consumer: "billing"})
+	in, err := ideminbox.NewInbox(engine, &ideminbox.Config{Consumer: "billing", Tracer: e.tracer})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,7 +68,9 @@ func completeValues(p idem.CompleteParams) ([][]byte, error) {
 //     alone; a success answer (under 400) there is not stored: ROLLBACK,
 //     and idem.ErrWritesAborted;
 //   - rolled its transaction back (handlerTx.Rollback): the completion
-//     alone, through the pool, as if it had written nothing.
+//     alone, through the pool, as if it had written nothing;
+//   - met a deadlock or a serialization failure that no savepoint undid
+//     (ErrTxEnded): ROLLBACK, nothing stored, whatever the answer.
 //
 // When the transaction ended without idem (a COMMIT or ROLLBACK the
 // handler sent through Conn) or its connection was lost, Complete cannot
@@ -93,6 +95,9 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 	case unitEnded:
 		return pgx.ErrTxClosed
 	case unitRolledBack:
+		if u.lostTo() != nil {
+			return u.gone()
+		}
 		return u.store.completeAlone(ctx, values)
 	}
 	if u.conn == nil {
@@ -118,6 +123,17 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 		// went; the handler may not even have seen it (it was killed
 		// while idle in the transaction), so its answer is not stored.
 		return fmt.Errorf("idempg: complete: the connection of the handler's transaction was lost, its writes with it; nothing stored: %w", pgx.ErrTxClosed)
+	}
+	if u.lostTo() != nil {
+		// A deadlock or a serialization failure rolled the transaction
+		// back: whatever the handler answered since says nothing of the
+		// request, and the retry would succeed.
+		if pgConn.TxStatus() != 'I' {
+			if err := pgConn.Exec(ctx, "ROLLBACK").Close(); err != nil {
+				return err
+			}
+		}
+		return u.gone()
 	}
 	switch st := pgConn.TxStatus(); st {
 	case 'T':

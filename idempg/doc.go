@@ -45,6 +45,16 @@
 // may fail in a savepoint and roll back to it: the transaction is then
 // live again and commits normally.
 //
+// A deadlock or a serialization failure (SQLSTATE class 40: 40P01, 40001)
+// rolls the transaction back for good, unless the handler rolls back to a
+// savepoint taken before it: then nothing of the execution is stored,
+// whatever the handler answers (a 5xx and an answer after Rollback
+// included), since the retry would succeed where this run did not. The
+// engine releases the key and reports a store error (HTTP 503); the
+// statements after it, Rollback and the completion fail with an error
+// wrapping ErrTxEnded, which does not unwrap to the deadlock, so a helper
+// that retries a statement on a deadlock stops at once.
+//
 // Two endings are never stored, since idem cannot tell what committed: a
 // transaction the handler ended itself through Conn (sending COMMIT or
 // ROLLBACK, or pgx's Conn.Begin), and one whose connection was lost (the
@@ -75,8 +85,8 @@
 // transaction, once it has sent a query, holds another: record the steps
 // before the business writes (charge the card, then write the order) or
 // give the pool two connections for each handler that does both at once.
-// A step that cannot get a connection within the engine's CleanupTimeout
-// fails with idem.ErrStepNotSaved.
+// A step that cannot get a connection within the engine's Lease fails
+// with idem.ErrStepNotSaved.
 //
 // A failed execution whose record holds steps is not deleted but kept in
 // flight with its lease ended, so that the next retry with the same
@@ -89,8 +99,8 @@
 // Migrate applies idemmigrate's PostgreSQL files to the schema the pool's
 // connections use (their search_path): the idem_keys table (0001), the
 // idem_complete function (0002), the steps column of recovery points
-// (0003) and the waiters flag with the completion that tells waiters
-// (0004). Teams with their own migration tool apply
+// (0003), the waiters flag with the completion that tells waiters
+// (0004), and the secret that makes their notifications opaque (0005). Teams with their own migration tool apply
 // idemmigrate.Files(idemmigrate.Postgres) instead. A database migrated by
 // an earlier release moves forward with Migrate, which applies only the
 // files it has not applied yet.
@@ -106,8 +116,60 @@
 // every key, and marks the record waited on. The completion and the
 // release of a marked record notify it, from any process; records nobody
 // waits for never call pg_notify, whose commit queues on a lock shared by
-// the whole server. The end of a lease and a takeover notify nothing: the
-// engine's polling finds them within a quarter of a second.
+// the whole server. A notification carries an opaque token, a hash of
+// the tenant and the key keyed by a secret only idem's roles read: any
+// role may LISTEN, and learns nothing of the keys from it. The end of a
+// lease and a takeover notify nothing: the engine's polling finds them
+// within a quarter of a second. The poller reads a record's state alone
+// (Store.GetState), never its result or its steps, until it completed.
+//
+// # Single-transaction mode
+//
+// With Config.SingleTransaction, nothing is committed before the handler
+// runs: the claim takes a PostgreSQL advisory lock named after the key, on
+// the connection that then runs the handler's transaction, and the
+// completed record is inserted, once, with the handler's writes, just
+// before the COMMIT; the lock is released right after it, in the same
+// round trip. A fresh request costs one commit, as the bare handler does;
+// a replay is one read. The lock is the lease: when the process holding
+// it dies, its connection closes, PostgreSQL rolls the transaction back
+// and frees the key, and the next retry runs at once (no lease to wait
+// out, no takeover, no heartbeat).
+//
+//	store, _ := idempg.NewStore(pool, &idempg.Config{SingleTransaction: true})
+//	engine, _ := idem.NewEngine(store, nil)
+//	mw, _ := idemhttp.NewMiddleware(engine, &idemhttp.Config{WaitInFlight: 5 * time.Second, …})
+//
+// A duplicate that arrives while the first execution runs waits for its
+// lock, at most its operation's WaitInFlight (idemhttp's
+// Config.WaitInFlight), then gets the first execution's answer replayed,
+// or runs if the first rolled back; past the wait, or at once without one,
+// idem.ErrInFlight (409 with Retry-After). What the mode gives up:
+//
+//   - an execution in flight is invisible until it commits: Get, idem
+//     inspect and the console see a key only once it is complete, and
+//     there is nothing in flight to release by hand (end the holder's
+//     backend instead);
+//   - recovery points: idem.Step fails with idem.ErrStepsSingleTransaction
+//     before its function runs, since a step's record would roll back
+//     with the crash it is for; keep handlers with steps in the default
+//     mode;
+//   - every execution holds a pool connection from its claim to its end,
+//     and a waiting duplicate holds one while it waits: size the pool for
+//     the executions and the waiters together;
+//   - a handler that calls another service is protected as in the default
+//     mode while its process lives (a duplicate waits instead of running),
+//     but after a crash the retry runs at once, not after a lease.
+//
+// The lock lives in the session, so the handler's own Rollback (or
+// idem.RollbackWrites, or an answer over an aborted transaction) keeps it
+// until its answer is stored alone. Lock names are 64-bit hashes of the
+// tenant and the key in pg_advisory_lock's one-argument space: an
+// application that uses that space too may, once in 2^64, wait on a key's
+// lock. Store.Claim, called directly, still claims as the default mode
+// does (a committed in-flight record, under a lease), which the mode's
+// claims respect. docs/BENCHMARKS.md measures the mode against the
+// alternatives.
 //
 // # Your own transaction
 //

@@ -39,10 +39,14 @@ func interpretError(err error) error {
 // key's CHECK wants 1 to 255 characters). Batched claims share one
 // statement, so one such claim would otherwise fail every claim batched
 // with it.
+//
+// Its errors never quote the tenant or the key: a tracer exports error
+// texts (idemotel records them even with RecordTenant off), and a tenant
+// names a customer.
 func checkIdentity(tenant, key string) error {
 	for _, f := range [...]struct{ name, value string }{{"tenant", tenant}, {"key", key}} {
 		if !utf8.ValidString(f.value) || strings.IndexByte(f.value, 0) >= 0 {
-			return fmt.Errorf("idempg: %s %q is not valid UTF-8 text without NUL bytes", f.name, f.value)
+			return fmt.Errorf("idempg: the %s is not valid UTF-8 text without NUL bytes, which PostgreSQL's text cannot hold (%d bytes; its value is not shown)", f.name, len(f.value))
 		}
 	}
 	if n := utf8.RuneCountInString(key); n < 1 || n > 255 {

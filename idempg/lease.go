@@ -2,8 +2,10 @@ package idempg
 
 import (
 	"context"
+	"errors"
 
 	"github.com/idem-go/idem"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Extend implements idem.Store: the heartbeat. It moves the lease end to
@@ -40,6 +42,11 @@ func (s *Store) Extend(ctx context.Context, p idem.ExtendParams) error {
 // that step.
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 	_, err := s.pool.Exec(ctx, releaseSQL, p.Tenant, p.Key, p.Token)
+	if isUndefinedFunction(err) {
+		// A schema without migration 0005: the statement was refused
+		// before it ran. Release as the schema's completion notifies.
+		_, err = s.pool.Exec(ctx, releaseSQLBefore0005, p.Tenant, p.Key, p.Token)
+	}
 	return interpretError(err)
 }
 
@@ -47,8 +54,24 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 // recovery points call for; the two conditions exclude each other, so one
 // row is never touched twice by the statement. When duplicates wait for
 // the record (Watch set its waiters flag), it tells them, as idem_complete
-// does (migration 0004); a record nobody waits for calls no pg_notify.
+// does, with the opaque token of migration 0005; a record nobody waits
+// for calls no pg_notify.
 const releaseSQL = `WITH gone AS (
+	DELETE FROM idem_keys
+	WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'in_flight' AND steps IS NULL
+	RETURNING waiters
+), ended AS (
+	UPDATE idem_keys SET locked_until = now()
+	WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'in_flight' AND steps IS NOT NULL
+	RETURNING waiters
+)
+SELECT pg_notify('idem_keys_' || 'idem_keys'::regclass::oid::text, idem_notify_token($1, $2))
+FROM (SELECT waiters FROM gone UNION ALL SELECT waiters FROM ended) AS changed
+WHERE waiters`
+
+// releaseSQLBefore0005 is releaseSQL on a schema migrated up to 0004,
+// whose waiters listen for the md5 of the tenant followed by the key.
+const releaseSQLBefore0005 = `WITH gone AS (
 	DELETE FROM idem_keys
 	WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'in_flight' AND steps IS NULL
 	RETURNING waiters
@@ -60,3 +83,10 @@ const releaseSQL = `WITH gone AS (
 SELECT pg_notify('idem_keys_' || 'idem_keys'::regclass::oid::text, md5($1) || $2)
 FROM (SELECT waiters FROM gone UNION ALL SELECT waiters FROM ended) AS changed
 WHERE waiters`
+
+// isUndefinedFunction reports whether err is the server's refusal of a
+// statement calling a function the schema lacks (42883).
+func isUndefinedFunction(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42883"
+}

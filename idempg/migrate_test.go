@@ -30,6 +30,7 @@ func TestMigrateAddsStepsToEarlierSchema(t *testing.T) {
 	}
 	if _, err := e.pool.Exec(ctx, string(complete)+`; ALTER TABLE idem_keys DROP COLUMN steps;
 		ALTER TABLE idem_keys DROP COLUMN waiters;
+		DROP FUNCTION idem_notify_token(text, text); DROP TABLE idem_notify_secret;
 		DELETE FROM idem_schema_migrations WHERE version >= 3`); err != nil {
 		t.Fatal(err)
 	}
@@ -38,8 +39,8 @@ func TestMigrateAddsStepsToEarlierSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	pending, err := idemmigrate.Pending(ctx, db, idemmigrate.Postgres)
-	if err != nil || !slices.Equal(pending, []string{"0003_idem_steps", "0004_idem_waiters"}) {
-		t.Fatalf("pending on the earlier schema: %v, %v; want 0003_idem_steps, 0004_idem_waiters", pending, err)
+	if err != nil || !slices.Equal(pending, []string{"0003_idem_steps", "0004_idem_waiters", "0005_idem_notify_token", "0006_idem_keys_list"}) {
+		t.Fatalf("pending on the earlier schema: %v, %v; want 0003_idem_steps, 0004_idem_waiters, 0005_idem_notify_token, 0006_idem_keys_list", pending, err)
 	}
 	if err := idempg.Migrate(ctx, e.pool); err != nil {
 		t.Fatal(err)

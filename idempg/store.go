@@ -23,6 +23,8 @@ type Store struct {
 	batcher *claimBatcher
 	// listen is the LISTEN connection of Watch and its subscribers.
 	listen *listener
+	// single is Config.SingleTransaction.
+	single bool
 }
 
 // DefaultClaimBatchSize is Config.ClaimBatchSize when it is left zero.
@@ -53,6 +55,24 @@ type Config struct {
 	// and has CPU to spare, a higher value, or ClaimBatchSize 1, answers
 	// sooner; docs/BENCHMARKS.md measures both cases.
 	ClaimConcurrency int
+
+	// SingleTransaction claims each key inside the handler's own
+	// transaction instead of committing an in-flight record first: the
+	// claim takes a lock named after the key, the completed record is
+	// inserted once, with the handler's writes, and the lock is released
+	// after the COMMIT. A fresh request then costs one write and one
+	// commit, as the bare handler does plus one row; a duplicate waits for
+	// the first execution (up to the operation's WaitInFlight, idemhttp's
+	// Config.WaitInFlight) and gets its answer, or ErrInFlight (409) after
+	// that. There is no lease to extend and nothing to take over: when the
+	// holder dies, PostgreSQL rolls its transaction back and frees the
+	// lock. What it gives up: an execution in flight is invisible to other
+	// connections (Get, idem inspect and the console see records only
+	// once complete), recovery points (idem.Step) are refused, and every
+	// execution holds a pool connection from its claim to its end. See
+	// "Single-transaction mode" in the package documentation. Defaults to
+	// false. The claim batching settings above do not apply to it.
+	SingleTransaction bool
 }
 
 // DefaultClaimConcurrency is Config.ClaimConcurrency when it is left zero.
@@ -65,7 +85,7 @@ var (
 
 // Info implements idem.Store: "postgresql", transactional.
 func (s *Store) Info() idem.StoreInfo {
-	return idem.StoreInfo{Name: "postgresql", Transactional: true}
+	return idem.StoreInfo{Name: "postgresql", Transactional: true, SingleTransaction: s.single}
 }
 
 // NewStore returns a store over pool; config may be nil for the defaults.
@@ -84,7 +104,7 @@ func NewStore(pool *pgxpool.Pool, config *Config) (*Store, error) {
 	if cfg.ClaimBatchSize < 0 || cfg.ClaimConcurrency < 0 {
 		return nil, fmt.Errorf("idempg: Config.ClaimBatchSize (%d) and Config.ClaimConcurrency (%d) must not be negative", cfg.ClaimBatchSize, cfg.ClaimConcurrency)
 	}
-	s := &Store{pool: pool, claimQuery: claimSQL}
+	s := &Store{pool: pool, claimQuery: claimSQL, single: cfg.SingleTransaction}
 	s.listen = &listener{store: s}
 	size := DefaultClaimBatchSize
 	if cfg.ClaimBatchSize > 0 {

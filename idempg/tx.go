@@ -59,6 +59,13 @@ type unit struct {
 	state atomic.Int32
 	// handle is what TxFromContext returns, allocated with the unit.
 	handle handlerTx
+	// keepConn: the connection outlives the handler's Rollback, since it
+	// holds the key's lock (singleUnit, the single-transaction mode).
+	keepConn bool
+	// lost holds the deadlock or serialization failure (class 40) that
+	// aborted the transaction, until a rollback to a savepoint undoes it:
+	// then nothing of the execution is stored (see ErrTxEnded).
+	lost atomic.Pointer[rolledBackBy]
 }
 
 // Context implements idem.UnitOfWork.
@@ -68,11 +75,25 @@ func (u *unit) Context(ctx context.Context) context.Context {
 }
 
 // Rollback implements idem.UnitOfWork. It is harmless after Complete.
+// It returns an error wrapping ErrTxEnded when a deadlock or a
+// serialization failure had rolled the transaction back: the engine then
+// stores nothing, not even an answer meant to be stored without the
+// writes (idem.RollbackWrites, a 5xx).
 func (u *unit) Rollback(ctx context.Context) error {
-	if u.state.Swap(unitEnded) != unitOpen {
-		return nil // ended already, or rolled back by the handler
+	switch u.state.Swap(unitEnded) {
+	case unitEnded:
+		return nil // after Complete
+	case unitRolledBack:
+		if u.lostTo() != nil {
+			return u.gone()
+		}
+		return nil
 	}
-	return u.rollback(ctx)
+	err := u.rollback(ctx)
+	if u.lostTo() != nil {
+		return u.gone()
+	}
+	return err
 }
 
 // rollback ends the transaction, if one was begun, and gives the
@@ -87,6 +108,10 @@ func (u *unit) rollback(ctx context.Context) error {
 		// destroys a connection that is not idle, so no transaction leaks
 		// into the pool.
 		err = u.tx.Rollback(ctx)
+	}
+	if u.keepConn {
+		u.tx = nil
+		return err
 	}
 	u.conn.Release()
 	u.conn = nil
@@ -221,11 +246,18 @@ func (t *handlerTx) Commit(ctx context.Context) error {
 // with pgx.ErrTxClosed. It is idem.RollbackWrites, done at once: a payment
 // the card network refused, answered 402, leaves no row behind. Like
 // pgx's, it returns pgx.ErrTxClosed when called again.
+//
+// After a deadlock or a serialization failure rolled the transaction back
+// it returns an error wrapping ErrTxEnded: the answer is not stored then.
 func (t *handlerTx) Rollback(ctx context.Context) error {
 	if !t.u.state.CompareAndSwap(unitOpen, unitRolledBack) {
 		return t.usable()
 	}
-	return t.u.rollback(ctx)
+	err := t.u.rollback(ctx)
+	if t.u.lostTo() != nil {
+		return t.u.gone()
+	}
+	return err
 }
 
 // CopyFrom delegates to the transaction, which it begins first if needed.
@@ -237,7 +269,8 @@ func (t *handlerTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, colu
 	if err != nil {
 		return 0, err
 	}
-	return tx.CopyFrom(ctx, tableName, columnNames, rowSrc)
+	n, err := tx.CopyFrom(ctx, tableName, columnNames, rowSrc)
+	return n, t.u.saw(err)
 }
 
 // SendBatch delegates to the transaction. As the first statement of the
@@ -247,13 +280,13 @@ func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResult
 		return pgx.FailedBatchResults(b, err)
 	}
 	if t.u.tx != nil {
-		return t.u.tx.SendBatch(ctx, b)
+		return watchedBatch{t.u.tx.SendBatch(ctx, b), t.u}
 	}
 	br, err := t.u.beginWith(ctx, b)
 	if err != nil {
-		return pgx.FailedBatchResults(b, err)
+		return pgx.FailedBatchResults(b, t.u.saw(err))
 	}
-	return br
+	return watchedBatch{br, t.u}
 }
 
 // LargeObjects delegates to the transaction, which it begins first if
@@ -309,19 +342,20 @@ func (t *handlerTx) Exec(ctx context.Context, sql string, arguments ...any) (pgc
 		if err != nil {
 			return pgconn.CommandTag{}, err
 		}
-		return tx.Exec(ctx, sql, arguments...)
+		tag, err := tx.Exec(ctx, sql, arguments...)
+		return tag, t.u.saw(err)
 	}
 	b := &pgx.Batch{}
 	b.Queue(sql, arguments...)
 	br, err := t.u.beginWith(ctx, b)
 	if err != nil {
-		return pgconn.CommandTag{}, err
+		return pgconn.CommandTag{}, t.u.saw(err)
 	}
 	tag, err := br.Exec()
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	return tag, err
+	return tag, t.u.saw(err)
 }
 
 // Query delegates to the transaction. As the first statement of the
@@ -332,20 +366,26 @@ func (t *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 		return errRows{err}, err
 	}
 	if t.u.tx != nil {
-		return t.u.tx.Query(ctx, sql, args...)
+		rows, err := t.u.tx.Query(ctx, sql, args...)
+		if err != nil {
+			return rows, t.u.saw(err)
+		}
+		return &watchedRows{Rows: rows, u: t.u}, nil
 	}
 	b := &pgx.Batch{}
 	b.Queue(sql, args...)
 	br, err := t.u.beginWith(ctx, b)
 	if err != nil {
+		err = t.u.saw(err)
 		return errRows{err}, err
 	}
 	rows, err := br.Query()
 	if err != nil {
 		_ = br.Close()
+		err = t.u.saw(err)
 		return errRows{err}, err
 	}
-	return &batchRows{Rows: rows, br: br}, nil
+	return &watchedRows{Rows: &batchRows{Rows: rows, br: br}, u: t.u}, nil
 }
 
 // QueryRow delegates to the transaction. As the first statement of the
@@ -355,7 +395,7 @@ func (t *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 		return errRows{err}
 	}
 	if t.u.tx != nil {
-		return t.u.tx.QueryRow(ctx, sql, args...)
+		return watchedRow{t.u.tx.QueryRow(ctx, sql, args...), t.u}
 	}
 	rows, err := t.Query(ctx, sql, args...)
 	return &firstRow{rows: rows, err: err}
@@ -415,12 +455,17 @@ func (sp *savepointTx) Commit(ctx context.Context) error {
 }
 
 // Rollback rolls back to the savepoint: the writes made since it are
-// undone, the transaction goes on (and commits with the answer).
+// undone, the transaction goes on (and commits with the answer), a
+// deadlock met since included.
 func (sp *savepointTx) Rollback(ctx context.Context) error {
 	if err := sp.usable(); err != nil {
 		return err
 	}
-	return sp.Tx.Rollback(ctx)
+	if err := sp.Tx.Rollback(ctx); err != nil {
+		return sp.u.saw(err)
+	}
+	sp.u.recovered()
+	return nil
 }
 
 // CopyFrom delegates to the savepoint.
@@ -428,7 +473,8 @@ func (sp *savepointTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, c
 	if err := sp.usable(); err != nil {
 		return 0, err
 	}
-	return sp.Tx.CopyFrom(ctx, tableName, columnNames, rowSrc)
+	n, err := sp.Tx.CopyFrom(ctx, tableName, columnNames, rowSrc)
+	return n, sp.u.saw(err)
 }
 
 // SendBatch delegates to the savepoint.
@@ -436,7 +482,7 @@ func (sp *savepointTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchRes
 	if err := sp.usable(); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
-	return sp.Tx.SendBatch(ctx, b)
+	return watchedBatch{sp.Tx.SendBatch(ctx, b), sp.u}
 }
 
 // LargeObjects delegates to the savepoint.
@@ -460,7 +506,8 @@ func (sp *savepointTx) Exec(ctx context.Context, sql string, arguments ...any) (
 	if err := sp.usable(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return sp.Tx.Exec(ctx, sql, arguments...)
+	tag, err := sp.Tx.Exec(ctx, sql, arguments...)
+	return tag, sp.u.saw(err)
 }
 
 // Query delegates to the savepoint.
@@ -468,7 +515,11 @@ func (sp *savepointTx) Query(ctx context.Context, sql string, args ...any) (pgx.
 	if err := sp.usable(); err != nil {
 		return errRows{err}, err
 	}
-	return sp.Tx.Query(ctx, sql, args...)
+	rows, err := sp.Tx.Query(ctx, sql, args...)
+	if err != nil {
+		return rows, sp.u.saw(err)
+	}
+	return &watchedRows{Rows: rows, u: sp.u}, nil
 }
 
 // QueryRow delegates to the savepoint.
@@ -476,7 +527,7 @@ func (sp *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pg
 	if err := sp.usable(); err != nil {
 		return errRows{err}
 	}
-	return sp.Tx.QueryRow(ctx, sql, args...)
+	return watchedRow{sp.Tx.QueryRow(ctx, sql, args...), sp.u}
 }
 
 // Conn returns the underlying connection, or nil once the execution has

@@ -3,6 +3,7 @@ package idempg
 import (
 	"context"
 	"crypto/md5"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -61,10 +62,15 @@ SELECT EXISTS (SELECT FROM marked)
 // notifies nothing, nor does a takeover, which only follows one: the
 // engine's polling finds them.
 //
-// A notification names the tenant by the md5 of its bytes in the
-// database's encoding, which Watch computes from the UTF-8 string it is
-// given: on a database whose encoding is not UTF-8, a tenant outside ASCII
-// is never matched, and its waiters rely on polling.
+// A notification names the record by an opaque token, a hash of the
+// tenant and the key keyed by a secret of the schema (migration 0005,
+// table idem_notify_secret): a role that may LISTEN but not read idem's
+// tables learns nothing of the keys waited on. On a schema migrated only
+// up to 0004, Watch listens for that migration's payload (the md5 of the
+// tenant followed by the key), so that an upgrade can run before Migrate.
+//
+// ctx bounds the subscribing (the wait for the listening connection, the
+// mark); once Watch has returned, the subscription lasts until stop.
 func (s *Store) Watch(ctx context.Context, tenant, key string) (<-chan struct{}, func(), error) {
 	if err := checkIdentity(tenant, key); err != nil {
 		return nil, nil, err
@@ -73,7 +79,7 @@ func (s *Store) Watch(ctx context.Context, tenant, key string) (<-chan struct{},
 	if err := l.unsupported.Load(); err != nil {
 		return nil, nil, *err
 	}
-	sub, err := l.subscribe(ctx, watchPayload(tenant, key))
+	sub, err := l.subscribe(ctx, tenant, key)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -97,10 +103,22 @@ func (s *Store) Watch(ctx context.Context, tenant, key string) (<-chan struct{},
 }
 
 // watchPayload is the payload of the notifications about (tenant, key):
-// what idem_keys_notify_waiters sends.
-func watchPayload(tenant, key string) string {
-	sum := md5.Sum([]byte(tenant))
-	return hex.EncodeToString(sum[:]) + key
+// idem_notify_token's (migration 0005) under secret, or, without one (a
+// schema migrated up to 0004), the md5 of the tenant followed by the key.
+func watchPayload(secret []byte, tenant, key string) string {
+	if secret == nil {
+		sum := md5.Sum([]byte(tenant))
+		return hex.EncodeToString(sum[:]) + key
+	}
+	inner := sha256.New()
+	inner.Write(secret)
+	inner.Write([]byte(tenant))
+	inner.Write([]byte{0})
+	inner.Write([]byte(key))
+	outer := sha256.New()
+	outer.Write(secret)
+	outer.Write(inner.Sum(nil))
+	return hex.EncodeToString(outer.Sum(nil))
 }
 
 // listener is a Store's listening connection and its subscribers.
@@ -136,17 +154,21 @@ type session struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	// Guarded by listener.mu.
-	up    bool          // LISTEN is in effect
-	tried chan struct{} // closed when the current connection attempt ends; replaced
-	err   error         // why the last attempt failed, while not up
+	up bool // LISTEN is in effect
+	// secret keys the payloads of the current connection's
+	// notifications; nil before migration 0005.
+	secret []byte
+	tried  chan struct{} // closed when the current connection attempt ends; replaced
+	err    error         // why the last attempt failed, while not up
 }
 
-// subscribe registers a subscription for payload, once the connection
-// listens: it starts the session if none runs, and waits for its first
-// attempt to connect. While the connection is down after it was up, it
-// fails at once.
-func (l *listener) subscribe(ctx context.Context, payload string) (*subscription, error) {
-	sub := &subscription{payload: payload, ch: make(chan struct{})}
+// subscribe registers a subscription for (tenant, key), once the
+// connection listens: it starts the session if none runs, and waits for
+// its first attempt to connect. While the connection is down after it was
+// up, it fails at once. The payload to match is known once the connection
+// has read the secret of the notifications.
+func (l *listener) subscribe(ctx context.Context, tenant, key string) (*subscription, error) {
+	sub := &subscription{ch: make(chan struct{})}
 	l.mu.Lock()
 	if l.idle != nil {
 		l.idle.Stop()
@@ -156,15 +178,6 @@ func (l *listener) subscribe(ctx context.Context, payload string) (*subscription
 	}
 	s := l.cur
 	l.n++
-	if l.subs == nil {
-		l.subs = make(map[string]map[*subscription]struct{})
-	}
-	set := l.subs[payload]
-	if set == nil {
-		set = make(map[*subscription]struct{})
-		l.subs[payload] = set
-	}
-	set[sub] = struct{}{}
 	for !s.up {
 		if s.err != nil {
 			err := s.err
@@ -182,6 +195,16 @@ func (l *listener) subscribe(ctx context.Context, payload string) (*subscription
 		}
 		l.mu.Lock()
 	}
+	sub.payload = watchPayload(s.secret, tenant, key)
+	if l.subs == nil {
+		l.subs = make(map[string]map[*subscription]struct{})
+	}
+	set := l.subs[sub.payload]
+	if set == nil {
+		set = make(map[*subscription]struct{})
+		l.subs[sub.payload] = set
+	}
+	set[sub] = struct{}{}
 	l.mu.Unlock()
 	return sub, nil
 }
@@ -284,10 +307,10 @@ func (l *listener) tellAll() {
 func (l *listener) run(s *session) {
 	retry := listenRetryFirst
 	for {
-		conn, listen, err := l.connect(s.ctx)
+		conn, listen, secret, err := l.connect(s.ctx)
 		l.mu.Lock()
 		if err == nil {
-			s.up, s.err = true, nil
+			s.up, s.err, s.secret = true, nil, secret
 			retry = listenRetryFirst
 		} else {
 			s.err = err
@@ -321,27 +344,42 @@ func (l *listener) run(s *session) {
 }
 
 // connect takes a connection out of the pool, so that it goes through the
-// pool's configuration and hooks (search_path among them), and listens on
-// the channel of the idem_keys table it sees.
-// It returns the connection and its LISTEN statement.
-func (l *listener) connect(ctx context.Context) (*pgx.Conn, string, error) {
+// pool's configuration and hooks (search_path among them), listens on the
+// channel of the idem_keys table it sees, and reads the secret of the
+// notifications (nil on a schema without migration 0005).
+// It returns the connection, its LISTEN statement and the secret.
+func (l *listener) connect(ctx context.Context) (*pgx.Conn, string, []byte, error) {
 	c, err := l.store.pool.Acquire(ctx)
 	if err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
 	conn := c.Hijack()
 	var oid uint32
 	var listen string
+	var secret []byte
 	err = conn.QueryRow(ctx, `SELECT 'idem_keys'::regclass::oid`).Scan(&oid)
 	if err == nil {
+		err = conn.QueryRow(ctx, `SELECT secret FROM idem_notify_secret`).Scan(&secret)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == "42P01":
+			// No such table: the schema predates migration 0005, and so
+			// do the notifications it sends.
+			secret, err = nil, nil
+		case errors.Is(err, pgx.ErrNoRows):
+			err = errors.New("idempg: idem_notify_secret holds no secret (run Migrate)")
+		}
+	}
+	if err == nil {
+		// Last, so that pg_stat_activity shows what the connection is for.
 		listen = "LISTEN " + pgx.Identifier{"idem_keys_" + strconv.FormatUint(uint64(oid), 10)}.Sanitize()
 		_, err = conn.Exec(ctx, listen)
 	}
 	if err != nil {
 		conn.Close(context.Background()) //nolint:errcheck // the first error is the one to report
-		return nil, "", err
+		return nil, "", nil, err
 	}
-	return conn, listen, nil
+	return conn, listen, secret, nil
 }
 
 // receive hands out the notifications that arrive on conn until it fails

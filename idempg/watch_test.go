@@ -20,6 +20,7 @@ import (
 	"github.com/idem-go/idem/internal/atonce"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // patience bounds the waits for what must happen; it only runs out on a
@@ -201,10 +202,7 @@ func TestWatchNotifiesOnlyWaitedChanges(t *testing.T) {
 	if err != nil {
 		t.Fatalf("completion of a record waited on: no notification: %v", err)
 	}
-	sum := md5.Sum([]byte(p.Tenant))
-	if want := hex.EncodeToString(sum[:]) + p.Key; n.Payload != want {
-		t.Errorf("notification payload %q, want %q", n.Payload, want)
-	}
+	checkToken(t, e.pool, n.Payload, p.Tenant, p.Key)
 	mustClose(t, changed, "completion of a record waited on")
 
 	// Waited on, released: the release notifies.
@@ -217,10 +215,24 @@ func TestWatchNotifiesOnlyWaitedChanges(t *testing.T) {
 	if n, err = raw.WaitForNotification(wctx); err != nil {
 		t.Fatalf("release of a record waited on: no notification: %v", err)
 	}
-	if want := hex.EncodeToString(sum[:]) + p.Key; n.Payload != want {
-		t.Errorf("notification payload %q, want %q", n.Payload, want)
-	}
+	checkToken(t, e.pool, n.Payload, p.Tenant, p.Key)
 	mustClose(t, changed, "release of a record waited on")
+}
+
+// checkToken fails the test unless payload is the opaque token of
+// (tenant, key) of migration 0005, which names neither: the keyed hash
+// the database computes, holding neither the key nor the md5 of the
+// tenant that the notifications carried before.
+func checkToken(t *testing.T, pool *pgxpool.Pool, payload, tenant, key string) {
+	t.Helper()
+	var want string
+	if err := pool.QueryRow(context.Background(), `SELECT idem_notify_token($1, $2)`, tenant, key).Scan(&want); err != nil {
+		t.Fatal(err)
+	}
+	sum := md5.Sum([]byte(tenant))
+	if payload != want || len(payload) != 64 || strings.Contains(payload, key) || strings.Contains(payload, hex.EncodeToString(sum[:])) {
+		t.Errorf("notification payload %q; want the opaque token %q, holding neither the key %q nor the tenant's md5", payload, want, key)
+	}
 }
 
 // A thousand duplicates waiting on one key, in four engines over one
@@ -366,8 +378,10 @@ func TestWatchConnectionEndsWhenIdle(t *testing.T) {
 	}
 }
 
-// On a schema without migration 0004 Watch says what to do.
-func TestWatchWithoutMigration(t *testing.T) {
+// migratedUpTo returns a pool on a fresh schema migrated with the files
+// before version stop.
+func migratedUpTo(t *testing.T, stop string) *pgxpool.Pool {
+	t.Helper()
 	ctx := context.Background()
 	pool := newPool(t, testenv.PostgresSchema(t), 4)
 	files := idemmigrate.Files(idemmigrate.Postgres)
@@ -376,7 +390,7 @@ func TestWatchWithoutMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range names {
-		if strings.HasPrefix(name, "0004") {
+		if strings.HasPrefix(name, stop) {
 			break
 		}
 		sql, err := fs.ReadFile(files, name)
@@ -387,6 +401,39 @@ func TestWatchWithoutMigration(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
+	return pool
+}
+
+// On a schema migrated up to 0004 (an upgrade deployed before Migrate
+// ran), waiters are still woken, by the payload that schema's completion
+// sends, and the release, whose token function is missing, still
+// releases and notifies.
+func TestWatchBeforeNotifyToken(t *testing.T) {
+	ctx := context.Background()
+	pool := migratedUpTo(t, "0005")
+	st := testenv.Must(idempg.NewStore(pool, nil))
+	p := claimIn(t, st, "t", "completed", time.Hour)
+	changed, stop := watch(t, st, p.Tenant, p.Key)
+	defer stop()
+	completeIn(t, st, p)
+	mustClose(t, changed, "completion on a schema without migration 0005")
+
+	p = claimIn(t, st, "t", "released", time.Hour)
+	changed, stop = watch(t, st, p.Tenant, p.Key)
+	defer stop()
+	if err := st.Release(ctx, idem.ReleaseParams{Tenant: p.Tenant, Key: p.Key, Token: p.Token}); err != nil {
+		t.Fatalf("Release on a schema without migration 0005: %v", err)
+	}
+	mustClose(t, changed, "release on a schema without migration 0005")
+	if _, err := st.Get(ctx, p.Tenant, p.Key); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("the released record: %v, want idem.ErrNotFound", err)
+	}
+}
+
+// On a schema without migration 0004 Watch says what to do.
+func TestWatchWithoutMigration(t *testing.T) {
+	ctx := context.Background()
+	pool := migratedUpTo(t, "0004")
 	st := testenv.Must(idempg.NewStore(pool, nil))
 	p := claimIn(t, st, "t", "k", time.Hour)
 	if _, _, err := st.Watch(ctx, p.Tenant, p.Key); err == nil || !strings.Contains(err.Error(), "Migrate") {

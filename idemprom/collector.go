@@ -11,6 +11,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemclient"
+	"github.com/idem-go/idem/ideminbox"
 )
 
 // Default bucket boundaries, in seconds or bytes.
@@ -124,9 +125,9 @@ var (
 	numRequestOutcomes   = len(idem.RequestOutcomes()) + 1
 )
 
-// inboxActions are ideminbox's Action names, in the order of its
-// constants (ideminbox is not imported: it would bring nothing else).
-var inboxActions = []string{"ack", "ack-duplicate", "ack-poison", "nack", "reject", "hold"}
+// numInboxActions bounds the values of ideminbox.Action: one series per
+// action is made up front, indexed by the action's value.
+var numInboxActions = len(ideminbox.Actions()) + 1
 
 // NewCollector makes the metrics and registers them with
 // config.Registerer. It returns the registry's error when a metric of the
@@ -152,7 +153,7 @@ func NewCollector(config *Config) (*Collector, error) {
 	c := &Collector{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_requests_total",
-			Help: "Requests of the covered methods answered by idemhttp, by outcome, method and route pattern.",
+			Help: "Requests of the covered methods answered by a front end (idemhttp, idemgrpc, idemconnect), by outcome, method (the HTTP method, or grpc or connect) and route pattern (or full RPC method).",
 		}, []string{"outcome", "method", "route"}),
 		execution: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idem_execution_duration_seconds",
@@ -356,28 +357,26 @@ func (c *Collector) executionOf(r *routeChildren, o idem.RequestOutcome) prometh
 
 // consumerChildren are the series of one inbox consumer.
 type consumerChildren struct {
-	actions []prometheus.Counter // by inboxActions
+	actions []prometheus.Counter // by ideminbox.Action
 	other   *prometheus.CounterVec
 	name    string
 }
 
 func (c *Collector) consumer(name string) *consumerChildren {
 	return c.consumers.get(name, func() *consumerChildren {
-		s := &consumerChildren{actions: make([]prometheus.Counter, len(inboxActions)), other: c.inbox, name: name}
-		for i, a := range inboxActions {
-			s.actions[i] = c.inbox.WithLabelValues(name, a)
+		s := &consumerChildren{actions: make([]prometheus.Counter, numInboxActions), other: c.inbox, name: name}
+		for _, a := range ideminbox.Actions() {
+			s.actions[a] = c.inbox.WithLabelValues(name, a.String())
 		}
 		return s
 	})
 }
 
-func (s *consumerChildren) action(a string) prometheus.Counter {
-	for i, name := range inboxActions {
-		if name == a {
-			return s.actions[i]
-		}
+func (s *consumerChildren) action(a ideminbox.Action) prometheus.Counter {
+	if int(a) < len(s.actions) && s.actions[a] != nil {
+		return s.actions[a]
 	}
-	return s.other.WithLabelValues(s.name, a)
+	return s.other.WithLabelValues(s.name, a.String())
 }
 
 // TraceOperationStart implements idem.Tracer.
@@ -453,7 +452,7 @@ func (c *Collector) TraceRequestEnd(_ context.Context, d idem.TraceRequestEndDat
 	if int(d.Outcome) >= numRequestOutcomes {
 		return
 	}
-	r := c.route(d.Method, d.Route)
+	r := c.route(idem.RequestMethod(d.Method, d.Protocol), d.Route)
 	if m := r.requests[d.Outcome]; m != nil {
 		m.Inc()
 	}
@@ -462,13 +461,13 @@ func (c *Collector) TraceRequestEnd(_ context.Context, d idem.TraceRequestEndDat
 	}
 }
 
-// TraceMessageStart implements idem.MessageTracer.
-func (c *Collector) TraceMessageStart(ctx context.Context, _ idem.TraceMessageStartData) context.Context {
+// TraceMessageStart implements ideminbox.MessageTracer.
+func (c *Collector) TraceMessageStart(ctx context.Context, _ ideminbox.TraceMessageStartData) context.Context {
 	return ctx
 }
 
-// TraceMessageEnd implements idem.MessageTracer.
-func (c *Collector) TraceMessageEnd(_ context.Context, d idem.TraceMessageEndData) {
+// TraceMessageEnd implements ideminbox.MessageTracer.
+func (c *Collector) TraceMessageEnd(_ context.Context, d ideminbox.TraceMessageEndData) {
 	c.consumer(d.Consumer).action(d.Action).Inc()
 }
 
@@ -498,7 +497,7 @@ var (
 	_ idem.LeaseTracer        = (*Collector)(nil)
 	_ idem.PurgeTracer        = (*Collector)(nil)
 	_ idem.RequestTracer      = (*Collector)(nil)
-	_ idem.MessageTracer      = (*Collector)(nil)
+	_ ideminbox.MessageTracer = (*Collector)(nil)
 	_ idemclient.ClientTracer = (*Collector)(nil)
 	_ prometheus.Collector    = (*Collector)(nil)
 )

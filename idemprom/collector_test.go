@@ -369,7 +369,7 @@ func TestInbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := ideminbox.NewInbox(&ideminbox.Config{Engine: engine, Consumer: "billing"})
+	in, err := ideminbox.NewInbox(engine, &ideminbox.Config{Consumer: "billing", Tracer: c})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,8 +23,10 @@ import (
 //
 // Watch returns once the subscription is in place on the server, so that
 // a change made after it returns is seen: read the record after Watch,
-// not before. Call stop once the channel is no longer needed; the end of
-// ctx does the same. Neither closes the channel.
+// not before. ctx bounds the subscribing only: once Watch has returned,
+// the subscription lasts until stop is called, whatever becomes of ctx.
+// Call stop once the channel is no longer needed; it does not close the
+// channel.
 //
 // Every watcher of a Store shares one pub/sub connection (on a Cluster,
 // one per master that holds watched keys), opened at the first Watch and
@@ -158,10 +160,11 @@ func (w *watches) watch(ctx context.Context, channel string) (<-chan struct{}, f
 	if first {
 		c.arm(ctx, channel, k, g)
 	}
+	// ctx bounded the subscribing only (idem.Watcher): the subscription
+	// lasts until stop. Ending it with ctx made every watcher of the
+	// engine, whose ctx ends when Watch returns, miss every announcement.
 	var once sync.Once
-	release := func() { once.Do(func() { c.leave(channel, k) }) }
-	unhook := context.AfterFunc(ctx, release)
-	return g.changed, func() { unhook(); release() }, nil
+	return g.changed, func() { once.Do(func() { c.leave(channel, k) }) }, nil
 }
 
 func (w *watches) isPolling() bool {
@@ -173,10 +176,12 @@ func (w *watches) isPolling() bool {
 // pollWatch is Watch where nothing is announced: a channel closed after
 // the poll interval.
 func (w *watches) pollWatch(ctx context.Context) (<-chan struct{}, func(), error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
 	changed := make(chan struct{})
 	timer := time.AfterFunc(w.poll, func() { close(changed) })
-	unhook := context.AfterFunc(ctx, func() { timer.Stop() })
-	return changed, func() { unhook(); timer.Stop() }, nil
+	return changed, func() { timer.Stop() }, nil
 }
 
 // conn returns the connection for channel's server, opening it when

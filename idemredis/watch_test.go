@@ -243,9 +243,11 @@ func TestWatchWakes(t *testing.T) {
 }
 
 // TestWatchStop: a subscription lasts while one of its watchers does:
-// stop, or the end of the watcher's context, releases a watcher, and the
-// last one's release unsubscribes. A context ended before Watch is
-// refused. A watcher that joins after a change gets a fresh channel.
+// stop releases a watcher, and the last one's release unsubscribes. The
+// context given to Watch bounds the subscribing only: its end afterwards
+// releases nothing (the engine ends it as soon as Watch returns). A
+// context ended before Watch is refused. A watcher that joins after a
+// change gets a fresh channel.
 func TestWatchStop(t *testing.T) {
 	ctx := context.Background()
 	ws := startWatchServer(t)
@@ -255,7 +257,7 @@ func TestWatchStop(t *testing.T) {
 		t.Fatalf("claim: %+v %v", r, err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
-	_, _, err := s.Watch(cctx, "t", "k")
+	ended, stopEnded, err := s.Watch(cctx, "t", "k")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,33 +269,18 @@ func TestWatchStop(t *testing.T) {
 		t.Fatalf("NUMSUB with two watchers = %d, want 1", got)
 	}
 	cancel()
-	// The other watcher keeps the subscription.
-	time.Sleep(100 * time.Millisecond)
-	if got := numSub(t, ws.admin, channel, false); got != 1 {
-		t.Fatalf("NUMSUB after one watcher's context ended = %d, want 1", got)
-	}
 	stop()
 	stop() // twice is harmless
-	eventuallyRedis(t, "the last watcher's stop to unsubscribe", func() error {
-		if got := numSub(t, ws.admin, channel, false); got != 0 {
-			return fmt.Errorf("NUMSUB = %d", got)
-		}
-		return nil
-	})
-	if !stillOpen(first) {
-		t.Fatal("stop closed the channel")
-	}
-
-	// Only the context: its end alone unsubscribes.
-	cctx, cancel = context.WithCancel(ctx)
-	if _, _, err := s.Watch(cctx, "t", "k"); err != nil {
-		t.Fatal(err)
-	}
+	// The watcher whose context ended keeps the subscription.
+	time.Sleep(100 * time.Millisecond)
 	if got := numSub(t, ws.admin, channel, false); got != 1 {
-		t.Fatalf("NUMSUB = %d, want 1", got)
+		t.Fatalf("NUMSUB after one watcher stopped and the other's context ended = %d, want 1", got)
 	}
-	cancel()
-	eventuallyRedis(t, "the end of the watcher's context to unsubscribe", func() error {
+	if !stillOpen(first) || !stillOpen(ended) {
+		t.Fatal("stop, or the end of a context, closed a channel")
+	}
+	stopEnded()
+	eventuallyRedis(t, "the last watcher's stop to unsubscribe", func() error {
 		if got := numSub(t, ws.admin, channel, false); got != 0 {
 			return fmt.Errorf("NUMSUB = %d", got)
 		}

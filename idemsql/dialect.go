@@ -121,6 +121,8 @@ type dialect struct {
 	peek query
 
 	get query
+	// state is get without the result and the recovery points (GetState).
+	state query
 	// complete is the fenced completion, in a transaction the caller owns
 	// (CompleteTx) or alone. completeUnit is the one in the handler's
 	// transaction, which may also check that the transaction is still the
@@ -175,6 +177,12 @@ const recordColumns = `tenant_id, idem_key, fingerprint, state, lease_token, loc
     storage_mode, status_code, response_headers, response_body, resource_ref,
     created_at, completed_at, expires_at, steps`
 
+// stateColumns is recordColumns with the result and the recovery points
+// read as NULL, for GetState: scanRecord reads both lists.
+const stateColumns = `tenant_id, idem_key, fingerprint, state, lease_token, locked_until,
+    0, NULL, NULL, NULL, NULL,
+    created_at, completed_at, expires_at, NULL`
+
 // Error numbers and codes the store acts on. Errors are told apart by
 // these, never by their text.
 const (
@@ -196,6 +204,9 @@ const (
 	// PostgreSQL: in_failed_sql_transaction. A statement failed earlier
 	// and the transaction accepts nothing but ROLLBACK.
 	postgresTxAborted = "25P02"
+	// PostgreSQL: class 40, transaction rollback (40001
+	// serialization_failure, 40P01 deadlock_detected, …).
+	postgresRollbackClass = "40"
 )
 
 // sqliteCode returns the primary SQLite result code of err, read through

@@ -83,7 +83,8 @@ WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token`, positio
 	peek: compile(`SELECT `+recordColumns+`, state = 'complete' AND expires_at > UTC_TIMESTAMP(6)
 FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, positional),
 
-	get: compile(`SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, positional),
+	get:   compile(`SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, positional),
+	state: compile(`SELECT `+stateColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, positional),
 
 	// An UPDATE reads the latest committed row and locks it, under
 	// REPEATABLE READ as under READ COMMITTED: a takeover committed since

@@ -47,7 +47,8 @@ RETURNING lease_token, steps, coalesce((SELECT live FROM prev), false)`, numbere
 	peek: compile(`SELECT `+recordColumns+`, state = 'complete' AND expires_at > now()
 FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
 
-	get: compile(`SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
+	get:   compile(`SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
+	state: compile(`SELECT `+stateColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
 
 	// Only unindexed columns change: a HOT update. clock_timestamp(), not
 	// now(): inside the handler's transaction now() is when it began.

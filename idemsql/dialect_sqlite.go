@@ -19,7 +19,7 @@ var sqliteDialect = &dialect{
 	// lock (see Store.claimSQLite): claimRead reads the record, and
 	// claimReplace replaces it when it is past retention, or in flight
 	// with an ended lease and the same fingerprint (a takeover, which
-	// keeps the recovery points, those of the step journal included).
+	// keeps the recovery points).
 	claim: compile(`INSERT INTO idem_keys (tenant_id, idem_key, fingerprint, state, lease_token,
     locked_until, storage_mode, created_at, expires_at)
 VALUES (@tenant, @key, @fingerprint, 'in_flight', @token,
@@ -46,7 +46,8 @@ WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @old`, numbered)
 	peek: compile(`SELECT `+recordColumns+`, state = 'complete' AND expires_at > `+sqliteNow+`
 FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
 
-	get: compile(`SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
+	get:   compile(`SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
+	state: compile(`SELECT `+stateColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
 
 	complete: compile(`UPDATE idem_keys SET state = 'complete', storage_mode = @mode,
     status_code = @status, response_headers = @headers, response_body = @body,

@@ -61,15 +61,19 @@
 // rolled back.
 //
 // The database may also end the transaction under the handler: a deadlock
-// or a full lock table (InnoDB rolls the transaction back), a lock wait
+// or a full lock table (InnoDB rolls the transaction back), a deadlock or a
+// serialization failure on PostgreSQL (SQLSTATE class 40), a lock wait
 // timeout when innodb_rollback_on_timeout is on, an I/O error or an
 // interrupt on SQLite (a statement whose context is cancelled is
 // interrupted, and SQLite then rolls back the whole transaction), DDL on
-// MySQL (an implicit commit). Then nothing of the execution is ever stored
-// as a success: the statement that revealed the end, and every later one,
-// fails with a *TxEndedError (ErrTxEnded), and the completion refuses to
-// store anything: the engine rolls back and releases the key, the client
-// gets an error answer, and its retry runs again. The completion checks
+// MySQL (an implicit commit). Then nothing of the execution is ever stored,
+// whatever the handler answers (a 5xx, an answer after Tx.Rollback or
+// idem.RollbackWrites included): the statement that revealed the end, and
+// every later one, fails with a *TxEndedError (ErrTxEnded; only the first
+// unwraps to the driver's error, so that a statement retried on a deadlock
+// stops), and the completion refuses to store anything: the engine rolls
+// back and releases the key, the client gets a store error (HTTP 503), and
+// its retry runs again. The completion checks
 // that its transaction is still the one it began, so an end no error
 // revealed is caught too.
 //
@@ -102,16 +106,22 @@
 // recorded, the key stays in flight with its lease ended, and the retry
 // takes it over and gets the step's result instead of running it again.
 //
-// On SQLite, a step saved after the handler's first statement, while its
-// transaction holds the write lock, cannot be written to the database
-// until that transaction ends, and must not depend on its commit. The
-// Store writes it to a second database file beside the first, named after
-// it with -idem-steps appended (app.db-idem-steps, with its own -wal and
-// -shm files), and moves it into the record in the transaction that ends
-// the handler's; after a crash, the next claim of the key moves it. Back
-// up, copy and delete the two files together. A database that is not a
-// file has no such journal: make the steps there before the handler's
-// first statement.
+// On SQLite, make the steps before the handler's first statement on its
+// Tx (a read included: the transaction begins IMMEDIATE, taking the write
+// lock). From that statement to its end the handler's transaction holds
+// the database's only write lock, so a step's record, which must not
+// depend on that transaction, could not be written before the handler
+// returned: idem.Step refuses such a step before running it, with
+// ErrStepAfterStatement. On PostgreSQL and MySQL a step may come anywhere
+// in the handler. The Store once wrote such steps to a second database
+// file; nothing measured it paying for its 300 lines and the files it
+// left on disk, since a payment handler makes its external call before
+// its writes anyway (docs/SIDE-EFFECTS.md), so it is gone: idem creates
+// no file of its own on SQLite. The step results live in the record's
+// steps column until a purge deletes the record after its retention; like
+// any deleted row, their bytes may stay in the WAL file until the next
+// checkpoint and in free pages of the database file until they are reused
+// or VACUUM runs, unless PRAGMA secure_delete is on.
 //
 // # Design
 //

@@ -2,7 +2,6 @@ package idemsql
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -25,10 +24,9 @@ import (
 // The gate also knows which leases are held by the transaction holding
 // the lock (owners): an extension of one of them is skipped and recorded
 // as owed (see Store.Extend), even one already waiting when its unit of
-// work took the lock; a step saved for one of them goes to the step
-// journal instead of waiting for the lock its own transaction holds (see
-// Store.SaveStep and journal.go), and the owner waits for those saves
-// before it gives the lock up.
+// work took the lock; a step saved for one of them fails at once with
+// ErrStepAfterStatement instead of waiting for the lock its own
+// transaction holds (see Store.SaveStep).
 type gate struct {
 	mu     sync.Mutex
 	held   bool
@@ -43,17 +41,7 @@ type gate struct {
 // owner is a unit of work whose transaction holds the write lock, seen
 // from the gate.
 type owner struct {
-	// conn is the connection of its transaction, on which a step saved
-	// for its lease reads the record: the pool may have no other to give
-	// (a pool of one connection).
-	conn *sql.Conn
 	owed *idem.ExtendParams // the last extension skipped for its lease
-	// saves counts the steps being written to the journal for its lease;
-	// counted under gate.mu while the owner is in gate.owners, so that
-	// disown, once it has removed the owner, can wait for them.
-	saves sync.WaitGroup
-	// journaled is true once a step went to the journal (under gate.mu).
-	journaled bool
 }
 
 type gateWaiter struct {
@@ -63,11 +51,9 @@ type gateWaiter struct {
 	// that lease took the lock meanwhile (excused: nothing to write).
 	extend  *idem.ExtendParams
 	excused bool
-	// A step: the lease it is saved for, and, once excused because the
-	// transaction of that lease took the lock, its owner, whose saves
-	// count it.
-	step  *lease
-	owner *owner
+	// A step: the lease it is saved for; refused when the transaction of
+	// that lease took the lock meanwhile (excused).
+	step *lease
 }
 
 func newGate() *gate {
@@ -94,27 +80,16 @@ func (g *gate) acquireExtend(ctx context.Context, limit time.Duration, p idem.Ex
 }
 
 // acquireStep waits for the gate for a step of the execution l, among the
-// other writers, and returns the owner when l's own unit of work holds the
-// write lock (now, or from some moment while it waited): then the caller
-// does not hold the gate, writes the step to the journal, and calls
-// stepDone once it is written.
-func (g *gate) acquireStep(ctx context.Context, limit time.Duration, l lease) (*owner, error) {
-	w := &gateWaiter{step: &l}
-	if _, err := g.wait(ctx, limit, w); err != nil {
-		return nil, err
+// other writers, and returns ErrStepAfterStatement, without the gate, when
+// l's own unit of work holds the write lock (now, or from some moment
+// while it waited): the step's record would wait for that transaction,
+// which waits for the handler, which waits for the step.
+func (g *gate) acquireStep(ctx context.Context, limit time.Duration, l lease) error {
+	excused, err := g.wait(ctx, limit, &gateWaiter{step: &l})
+	if err == nil && excused {
+		err = ErrStepAfterStatement
 	}
-	return w.owner, nil
-}
-
-// stepDone ends a save that acquireStep counted; journaled says whether
-// the step may have reached the journal.
-func (g *gate) stepDone(o *owner, journaled bool) {
-	if journaled {
-		g.mu.Lock()
-		o.journaled = true
-		g.mu.Unlock()
-	}
-	o.saves.Done()
+	return err
 }
 
 // wait queues w, a writer: an extension (w.extend), a step (w.step), or
@@ -129,13 +104,9 @@ func (g *gate) wait(ctx context.Context, limit time.Duration, w *gateWaiter) (ex
 			return true, nil
 		}
 	}
-	if w.step != nil {
-		if o := g.owners[*w.step]; o != nil {
-			o.saves.Add(1)
-			w.owner = o
-			g.mu.Unlock()
-			return true, nil
-		}
+	if w.step != nil && g.owners[*w.step] != nil {
+		g.mu.Unlock()
+		return true, nil
 	}
 	if !g.held {
 		g.held = true
@@ -217,12 +188,12 @@ func (g *gate) release() {
 }
 
 // own records that the holder of the gate, a unit of work running under
-// l, now holds the write lock in its transaction on conn, and excuses the
+// l, now holds the write lock in its transaction, and excuses the
 // extensions and the steps of l already waiting.
-func (g *gate) own(l lease, conn *sql.Conn) {
+func (g *gate) own(l lease) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	o := &owner{conn: conn}
+	o := &owner{}
 	g.owners[l] = o
 	kept := g.urgent[:0]
 	for _, w := range g.urgent {
@@ -238,8 +209,6 @@ func (g *gate) own(l lease, conn *sql.Conn) {
 	kept = g.normal[:0]
 	for _, w := range g.normal {
 		if w.step != nil && *w.step == l {
-			o.saves.Add(1)
-			w.owner = o
 			w.excused = true
 			close(w.ready)
 			continue
@@ -250,21 +219,17 @@ func (g *gate) own(l lease, conn *sql.Conn) {
 }
 
 // disown ends what own began, before the transaction gives up the lock:
-// from then on an extension or a step of l waits for the gate. It waits
-// for the steps of l being written to the journal, and returns the
-// extension owed, if any, and whether a step went to the journal.
-func (g *gate) disown(l lease) (owed *idem.ExtendParams, journaled bool) {
-	g.mu.Lock()
-	o := g.owners[l]
-	delete(g.owners, l)
-	g.mu.Unlock()
-	if o == nil {
-		return nil, false
-	}
-	o.saves.Wait()
+// from then on an extension or a step of l waits for the gate. It returns
+// the extension owed, if any.
+func (g *gate) disown(l lease) (owed *idem.ExtendParams) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return o.owed, o.journaled
+	o := g.owners[l]
+	delete(g.owners, l)
+	if o == nil {
+		return nil
+	}
+	return o.owed
 }
 
 func leaseOf(p idem.ExtendParams) lease { return lease{p.Tenant, p.Key, p.Token} }

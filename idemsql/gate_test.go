@@ -156,7 +156,7 @@ func TestGateOwners(t *testing.T) {
 		waiting <- skipped
 	}()
 	g.queued(1, 0)
-	g.own(l, nil) // ...and then its transaction the lock
+	g.own(l) // ...and then its transaction the lock
 	if !<-waiting {
 		t.Fatal("the extension waiting when its unit took the lock was not skipped")
 	}
@@ -172,7 +172,7 @@ func TestGateOwners(t *testing.T) {
 	if skipped, err := g.acquireExtend(bounded, 0, later); !skipped || err != nil {
 		t.Fatalf("an extension while its unit holds the lock: skipped %v, %v", skipped, err)
 	}
-	if owed, _ := g.disown(l); owed == nil || owed.Lease != later.Lease {
+	if owed := g.disown(l); owed == nil || owed.Lease != later.Lease {
 		t.Fatalf("owed %+v, want the last skipped extension", owed)
 	}
 	g.release()
@@ -187,8 +187,10 @@ func TestGateOwners(t *testing.T) {
 }
 
 // TestGateStepOfOwner: a step of a lease whose unit of work takes the lock
-// while the step waits is excused (it goes to the journal, not to the
-// lock its own transaction holds), and the unit's disown waits for it.
+// while the step waits is refused with ErrStepAfterStatement, at once,
+// rather than left waiting for the lock its own transaction holds; so is
+// one that comes while the unit holds it; once disowned, a step waits for
+// the gate again.
 func TestGateStepOfOwner(t *testing.T) {
 	g := newGate()
 	ctx := context.Background()
@@ -201,47 +203,31 @@ func TestGateStepOfOwner(t *testing.T) {
 		if err := g.acquire(ctx, 0); err != nil { // the unit of l
 			t.Error(err)
 		}
-		g.own(l, nil)
+		g.own(l)
 		close(unitHolds)
 	}()
 	g.queued(0, 1)
-	stepOwner := make(chan *owner, 1)
+	stepErr := make(chan error, 1)
 	go func() {
 		// Bounded: a step left waiting behind its own unit would wait for
 		// ever.
 		bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		o, err := g.acquireStep(bounded, 0, l)
-		if err != nil {
-			t.Error(err)
-		}
-		stepOwner <- o
+		stepErr <- g.acquireStep(bounded, 0, l)
 	}()
 	g.queued(0, 2)
 	g.release() // to the unit, which owns l and excuses the step
 	<-unitHolds
-	o := <-stepOwner
-	if o == nil {
-		t.Fatal("the step of the owner's lease was given the gate, not excused")
+	if err := <-stepErr; !errors.Is(err, ErrStepAfterStatement) {
+		t.Fatalf("the step waiting when its unit took the lock: %v, want ErrStepAfterStatement", err)
 	}
-	o2, err := g.acquireStep(ctx, 0, l)
-	if err != nil || o2 != o {
-		t.Fatalf("a step while the unit holds the lock: %v, %v; want the owner", o2, err)
+	if err := g.acquireStep(ctx, 0, l); !errors.Is(err, ErrStepAfterStatement) {
+		t.Fatalf("a step while the unit holds the lock: %v, want ErrStepAfterStatement", err)
 	}
-	g.stepDone(o2, false)
-	disowned := make(chan bool)
-	go func() {
-		_, journaled := g.disown(l)
-		disowned <- journaled
-	}()
-	select {
-	case <-disowned:
-		t.Fatal("disown returned while a step was being written to the journal")
-	case <-time.After(50 * time.Millisecond):
-	}
-	g.stepDone(o, true)
-	if journaled := <-disowned; !journaled {
-		t.Fatal("disown does not report the step written to the journal")
+	g.disown(l)
+	g.release()
+	if err := g.acquireStep(ctx, 0, l); err != nil {
+		t.Fatalf("a step after disown: %v, want the gate", err)
 	}
 	g.release()
 }

@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -184,6 +186,10 @@ func (c *stepCounter) charge(context.Context) (charge, error) {
 func TestStepSurvivesRollback(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, env *testDB) {
 		for _, stepFirst := range []bool{false, true} {
+			if !stepFirst && env.dialect == idemsql.SQLite {
+				// Refused there (TestSQLiteStepAfterStatement).
+				continue
+			}
 			t.Run(fmt.Sprintf("stepFirst=%v", stepFirst), func(t *testing.T) {
 				testStepSurvivesRollback(t, env, stepFirst)
 			})
@@ -255,8 +261,8 @@ func testStepSurvivesRollback(t *testing.T, env *testDB, stepFirst bool) {
 }
 
 // TestStepsCommitWithTheHandler: steps recorded by a handler that
-// succeeds are kept by the complete record, on SQLite too, where they went
-// to the step journal meanwhile and the journal is left empty.
+// succeeds are kept by the complete record, a step after the handler's
+// write included (where the dialect allows one: not SQLite).
 func TestStepsCommitWithTheHandler(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, env *testDB) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -267,13 +273,16 @@ func TestStepsCommitWithTheHandler(t *testing.T) {
 			if _, err := idem.Step(ctx, "reserve", func(context.Context) (int, error) { return 7, nil }); err != nil {
 				return idem.Result{}, err
 			}
-			if err := env.businessWrite(ctx, newName("order")); err != nil {
-				return idem.Result{}, err
+			write := func() error { return env.businessWrite(ctx, newName("order")) }
+			if env.dialect != idemsql.SQLite {
+				if err := write(); err != nil {
+					return idem.Result{}, err
+				}
 			}
 			if _, err := idem.Step(ctx, "charge", (&stepCounter{}).charge); err != nil {
 				return idem.Result{}, err
 			}
-			return idem.Result{Status: 201}, nil
+			return idem.Result{Status: 201}, write()
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -282,33 +291,11 @@ func TestStepsCommitWithTheHandler(t *testing.T) {
 		if rec.State != idem.StateComplete || !slices.Equal(stepNames(rec.Steps), []string{"reserve", "charge"}) {
 			t.Fatalf("record %+v, want complete with reserve then charge", rec)
 		}
-		if env.dialect == idemsql.SQLite {
-			if n := journalRows(t, env, ""); n != 0 {
-				t.Fatalf("the journal holds %d rows after the completion, want 0", n)
-			}
-		}
 	})
 }
 
-// journalRows counts the rows of the SQLite step journal beside env's
-// database, those of tenant when it is not "".
-func journalRows(t *testing.T, env *testDB, tenant string) int {
-	t.Helper()
-	if _, err := os.Stat(env.dsn + "-idem-steps"); errors.Is(err, os.ErrNotExist) {
-		return 0
-	}
-	db := sqlOpen(t, "sqlite", env.dsn+"-idem-steps")
-	defer db.Close()
-	var n int
-	if err := db.QueryRow(`SELECT COUNT(*) FROM idem_steps WHERE ? = '' OR tenant_id = ?`, tenant, tenant).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // TestStepTakeoverAfterCrash: a process records a step and dies before its
-// transaction ends (on SQLite, with the step in the journal and the write
-// lock held). Once the lease has ended, another process takes the key over
+// transaction ends (on SQLite, with the write lock held). Once the lease has ended, another process takes the key over
 // with the step, and the step does not run again.
 func TestStepTakeoverAfterCrash(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, env *testDB) {
@@ -346,16 +333,12 @@ func TestStepTakeoverAfterCrash(t *testing.T) {
 			t.Fatalf("the charge ran again %d times after the takeover", n)
 		}
 		mustCount(t, env, tenant+"-crash", 1)
-		if env.dialect == idemsql.SQLite {
-			if n := journalRows(t, env, tenant); n != 0 {
-				t.Fatalf("the journal holds %d rows of the key after the takeover, want 0", n)
-			}
-		}
 	})
 }
 
 // helperStepCrash runs an execution that writes, records a step, and dies
-// before its transaction ends.
+// before its transaction ends. On SQLite the step comes first, as it must
+// there.
 func helperStepCrash(env *testDB, tenant string) {
 	lease, err := time.ParseDuration(os.Getenv(helperLease))
 	if err != nil {
@@ -369,11 +352,19 @@ func helperStepCrash(env *testDB, tenant string) {
 	}
 	_, err = engine.Do(context.Background(), idem.Operation{Tenant: tenant, Key: "order-1", Fingerprint: []byte("fp")},
 		func(ctx context.Context) (idem.Result, error) {
-			if err := env.businessWrite(ctx, tenant+"-crash"); err != nil {
-				return idem.Result{}, err
+			write := func() error { return env.businessWrite(ctx, tenant+"-crash") }
+			if env.dialect != idemsql.SQLite {
+				if err := write(); err != nil {
+					return idem.Result{}, err
+				}
 			}
 			if _, err := idem.Step(ctx, "charge", func(context.Context) (charge, error) { return charge{ID: "ch_crashed"}, nil }); err != nil {
 				return idem.Result{}, err
+			}
+			if env.dialect == idemsql.SQLite {
+				if err := write(); err != nil {
+					return idem.Result{}, err
+				}
 			}
 			fmt.Println("saved")
 			os.Exit(3) // killed after the step, inside the handler's transaction
@@ -441,62 +432,6 @@ func TestConcurrentTakeoverWithSteps(t *testing.T) {
 	})
 }
 
-// TestJournalSweep: Purge deletes the journal rows of tokens that hold no
-// record (left by a crash or a failed delete), and keeps the others.
-func TestJournalSweep(t *testing.T) {
-	t.Parallel()
-	env := newTestDB(t, idemsql.SQLite)
-	ctx := context.Background()
-	tenant := newName("tenant")
-	p := claimParams(tenant, "order-1", "fp")
-	mustClaim(t, env.store, p, true)
-	// A step saved under the lock of the execution's own transaction
-	// creates the journal.
-	engine := newEngine(t, env.store, nil)
-	op := idem.Operation{Tenant: tenant, Key: "order-2"}
-	if _, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
-		if err := env.businessWrite(ctx, "x"); err != nil {
-			return idem.Result{}, err
-		}
-		_, err := idem.Step(ctx, "charge", (&stepCounter{}).charge)
-		return idem.Result{Status: 200}, err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	journal := sqlOpen(t, "sqlite", env.dsn+"-idem-steps")
-	defer journal.Close()
-	step := idem.AppendStep(nil, "charge", []byte(`1`))
-	for _, token := range []int64{p.Token, nextToken()} {
-		if _, err := journal.ExecContext(ctx, `INSERT INTO idem_steps (tenant_id, idem_key, lease_token, step) VALUES (?, ?, ?, ?)`,
-			tenant, "order-1", token, step); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := env.store.Purge(ctx, idem.PurgeParams{}); err != nil {
-		t.Fatal(err)
-	}
-	var tokens []int64
-	rows, err := journal.QueryContext(ctx, `SELECT lease_token FROM idem_steps`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var tok int64
-		if err := rows.Scan(&tok); err != nil {
-			t.Fatal(err)
-		}
-		tokens = append(tokens, tok)
-	}
-	rows.Close()
-	if !slices.Equal(tokens, []int64{p.Token}) {
-		t.Fatalf("journal tokens after Purge %v, want only the holder's %d", tokens, p.Token)
-	}
-	// The holder's rows are its steps.
-	if got := stepNames(mustGet(t, env.store, tenant, "order-1").Steps); !slices.Equal(got, []string{"charge"}) {
-		t.Fatalf("steps %q", got)
-	}
-}
-
 // TestStepsMigrateForward: a database whose tables predate the steps
 // column (migrations before 0003) migrates forward with its records, which
 // then replay, and take steps.
@@ -549,43 +484,147 @@ func migrate(ctx context.Context, env *testDB) error {
 	return idemmigrate.Migrate(ctx, env.db, env.dialect.MigrateDialect())
 }
 
-// TestStepFencedUnderOwnLock: on SQLite, a step saved while the
-// execution's own transaction holds the write lock goes to the journal
-// only if the execution still holds the key: one taken over before its
-// transaction began gets idem.ErrLeaseLost, and nothing is recorded.
-func TestStepFencedUnderOwnLock(t *testing.T) {
+// TestSQLiteStepAfterStatement: on SQLite, a step made after the
+// handler's first statement on its Tx (a write, or a read: the
+// transaction begins IMMEDIATE, holding the write lock) is refused before
+// its function runs, with ErrStepAfterStatement, not ErrStepNotSaved:
+// no effect happened. After Tx.Rollback, which gives the lock up, a step
+// may come again.
+func TestSQLiteStepAfterStatement(t *testing.T) {
 	t.Parallel()
 	env := newTestDB(t, idemsql.SQLite)
+	// Bounded: a step that waited for its own transaction's lock would
+	// hang until the busy timeout.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	engine := newEngine(t, env.store, &idem.Config{Lease: shortLease, Heartbeat: -1})
-	op := idem.Operation{Tenant: newName("tenant"), Key: "pay-1", Fingerprint: []byte("fp")}
-	var stepErr error
+	engine := newEngine(t, env.store, nil)
+	for _, first := range []string{"write", "read"} {
+		t.Run(first, func(t *testing.T) {
+			op := idem.Operation{Tenant: newName("tenant"), Key: "pay-1", Fingerprint: []byte("fp")}
+			var steps stepCounter
+			var refused, after error
+			out, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
+				tx := idemsql.TxFromContext(ctx)
+				if first == "write" {
+					if err := env.businessWrite(ctx, "x"); err != nil {
+						return idem.Result{}, err
+					}
+				} else {
+					var n int
+					if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM business`).Scan(&n); err != nil {
+						return idem.Result{}, err
+					}
+				}
+				_, refused = idem.Step(ctx, "charge", steps.charge)
+				if err := tx.Rollback(); err != nil {
+					return idem.Result{}, err
+				}
+				_, after = idem.Step(ctx, "receipt", steps.charge)
+				return idem.Result{Status: 402}, nil
+			})
+			if err != nil || out.Result.Status != 402 {
+				t.Fatalf("Do = %+v, %v; want the handler's 402", out, err)
+			}
+			if !errors.Is(refused, idemsql.ErrStepAfterStatement) || errors.Is(refused, idem.ErrStepNotSaved) {
+				t.Errorf("Step after a %s = %v, want ErrStepAfterStatement and not ErrStepNotSaved", first, refused)
+			}
+			if after != nil {
+				t.Errorf("Step after Tx.Rollback = %v, want it recorded", after)
+			}
+			if n := steps.runs.Load(); n != 1 {
+				t.Errorf("the steps' functions ran %d times, want once (the refused one never)", n)
+			}
+			if got := stepNames(mustGet(t, env.store, op.Tenant, op.Key).Steps); !slices.Equal(got, []string{"receipt"}) {
+				t.Errorf("steps %q, want only the receipt", got)
+			}
+		})
+	}
+}
+
+// TestSQLiteStepWaitsAsAClaim: on SQLite, a step made before any write
+// waits for the write lock another key's handler holds as long as a claim
+// would (the busy timeout), not the engine's shorter CleanupTimeout: a step
+// that gave up first would leave its key held with no record of an effect
+// that stands, and its takeover would run it again. The duplicate sent
+// while the step waits is told the key is in flight, and the record has
+// the step.
+func TestSQLiteStepWaitsAsAClaim(t *testing.T) {
+	t.Parallel()
+	env := newTestDB(t, idemsql.SQLite)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const cleanup = 50 * time.Millisecond
+	engine := newEngine(t, env.store, &idem.Config{CleanupTimeout: cleanup})
+	tenant := newName("tenant")
+
+	// The payment claims its key, then another key's handler takes the
+	// write lock and keeps it, then the payment charges the card.
+	op := idem.Operation{Tenant: tenant, Key: "pay-1", Fingerprint: []byte("fp")}
 	var steps stepCounter
-	_, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
-		x, _ := idem.ExecutionFromContext(ctx)
-		time.Sleep(shortLease + slack)
-		taker := claimParams(op.Tenant, op.Key, "fp")
-		if res, err := env.peer.Claim(ctx, taker); err != nil || !res.Won {
-			return idem.Result{}, fmt.Errorf("takeover: %+v, %v", res, err)
-		}
-		if err := env.businessWrite(ctx, "x"); err != nil { // the lock, now
-			return idem.Result{}, err
-		}
-		_, stepErr = idem.Step(ctx, "charge", steps.charge)
-		if rec := mustGet(t, env.store, op.Tenant, op.Key); rec.LeaseToken == x.LeaseToken || len(rec.Steps) != 0 {
-			t.Errorf("record %+v: the step of the execution taken over was recorded", rec)
-		}
-		return idem.Result{Status: 200}, nil
-	})
-	if !errors.Is(err, idem.ErrLeaseLost) {
-		t.Fatalf("Do = %v, want idem.ErrLeaseLost", err)
+	claimed := make(chan struct{})
+	goOn := make(chan struct{})
+	charged := make(chan struct{})
+	payErr := make(chan error, 1)
+	go func() {
+		_, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
+			close(claimed)
+			<-goOn
+			_, err := idem.Step(ctx, "charge", func(ctx context.Context) (charge, error) {
+				defer close(charged)
+				return steps.charge(ctx)
+			})
+			if err != nil {
+				return idem.Result{}, err
+			}
+			return idem.Result{Status: 201}, env.businessWrite(ctx, "pay-1")
+		})
+		payErr <- err
+	}()
+	<-claimed
+
+	locked := make(chan error, 1)
+	unlock := make(chan struct{})
+	holder := make(chan error, 1)
+	go func() {
+		_, err := engine.Do(ctx, idem.Operation{Tenant: tenant, Key: "other"}, func(ctx context.Context) (idem.Result, error) {
+			err := env.businessWrite(ctx, "other")
+			locked <- err
+			<-unlock
+			return idem.Result{Status: 201}, err
+		})
+		holder <- err
+	}()
+	if err := <-locked; err != nil {
+		t.Fatal(err)
 	}
-	if !errors.Is(stepErr, idem.ErrStepNotSaved) || !errors.Is(stepErr, idem.ErrLeaseLost) {
-		t.Fatalf("Step = %v, want ErrStepNotSaved and ErrLeaseLost", stepErr)
+	close(goOn)
+	<-charged
+	// The step's record now waits for the lock; a duplicate comes too.
+	dupErr := make(chan error, 1)
+	go func() {
+		_, err := engine.Do(ctx, op, func(context.Context) (idem.Result, error) {
+			return idem.Result{}, errors.New("the duplicate ran")
+		})
+		dupErr <- err
+	}()
+	// Hold the lock well past CleanupTimeout, far below the busy timeout.
+	time.Sleep(10 * cleanup)
+	close(unlock)
+	if err := <-holder; err != nil {
+		t.Fatalf("the holder: %v", err)
 	}
-	if n := journalRows(t, env, op.Tenant); n != 0 {
-		t.Fatalf("the journal holds %d rows of the execution taken over", n)
+	if err := <-payErr; err != nil {
+		t.Fatalf("Do with the step = %v, want its completion: the step's record must wait for the lock", err)
+	}
+	if err := <-dupErr; err != nil && !errors.Is(err, idem.ErrInFlight) {
+		t.Fatalf("the duplicate = %v, want ErrInFlight or the replay", err)
+	}
+	if n := steps.runs.Load(); n != 1 {
+		t.Fatalf("the charge ran %d times, want once", n)
+	}
+	rec := mustGet(t, env.store, op.Tenant, op.Key)
+	if rec.State != idem.StateComplete || !slices.Equal(stepNames(rec.Steps), []string{"charge"}) {
+		t.Fatalf("record %+v, want complete with the charge", rec)
 	}
 }
 
@@ -667,7 +706,7 @@ func TestReplayTakesNoLock(t *testing.T) {
 
 // TestStepOrderAcrossRollback: steps keep the order they were saved in
 // when the handler rolls its transaction back between two of them (on
-// SQLite the first went to the journal, the second to the record).
+// SQLite the first comes before the write, as it must there).
 func TestStepOrderAcrossRollback(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, env *testDB) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -675,11 +714,19 @@ func TestStepOrderAcrossRollback(t *testing.T) {
 		engine := newEngine(t, env.store, nil)
 		op := idem.Operation{Tenant: newName("tenant"), Key: "pay-1"}
 		_, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
-			if err := env.businessWrite(ctx, "x"); err != nil {
-				return idem.Result{}, err
+			write := func() error { return env.businessWrite(ctx, "x") }
+			if env.dialect != idemsql.SQLite {
+				if err := write(); err != nil {
+					return idem.Result{}, err
+				}
 			}
 			if _, err := idem.Step(ctx, "first", func(context.Context) (int, error) { return 1, nil }); err != nil {
 				return idem.Result{}, err
+			}
+			if env.dialect == idemsql.SQLite {
+				if err := write(); err != nil {
+					return idem.Result{}, err
+				}
 			}
 			if err := idemsql.TxFromContext(ctx).Rollback(); err != nil {
 				return idem.Result{}, err
@@ -698,9 +745,10 @@ func TestStepOrderAcrossRollback(t *testing.T) {
 	})
 }
 
-// TestStepWithOneConnection: on SQLite with a pool of one connection, the
-// handler's transaction holds the only one when it saves a step: the step
-// is saved without another.
+// TestStepWithOneConnection: on SQLite with a pool of one connection, a
+// step before the handler's first statement is saved on that connection,
+// and one after it, while the transaction holds the only connection, is
+// refused at once instead of waiting for a connection that never comes.
 func TestStepWithOneConnection(t *testing.T) {
 	t.Parallel()
 	env := newTestDB(t, idemsql.SQLite)
@@ -713,11 +761,14 @@ func TestStepWithOneConnection(t *testing.T) {
 	var steps stepCounter
 	for _, want := range []error{failure, nil} {
 		_, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
+			if _, err := idem.Step(ctx, "charge", steps.charge); err != nil {
+				return idem.Result{}, err
+			}
 			if err := env.businessWrite(ctx, "x"); err != nil {
 				return idem.Result{}, err
 			}
-			if _, err := idem.Step(ctx, "charge", steps.charge); err != nil {
-				return idem.Result{}, err
+			if _, err := idem.Step(ctx, "late", steps.charge); !errors.Is(err, idemsql.ErrStepAfterStatement) {
+				return idem.Result{}, fmt.Errorf("a step after the write: %v, want ErrStepAfterStatement", err)
 			}
 			return idem.Result{Status: 201}, want
 		})
@@ -762,4 +813,93 @@ func TestAsyncClaimRestoresSync(t *testing.T) {
 			t.Errorf("connection %d of %d: synchronous = %d after the claims, want 2 (FULL)", i, open, sync)
 		}
 	}
+}
+
+// TestSQLiteStepRecordedAfterLongHold: on SQLite, a step made before any
+// write whose record gives up (another key's handler holds the write lock
+// longer than the busy timeout) is recorded once the lock is free, while
+// the engine keeps the key: the duplicates meanwhile are told it is in
+// flight, and the one that takes it over gets the charge instead of
+// charging again.
+func TestSQLiteStepRecordedAfterLongHold(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	env := newTestDBAt(t, idemsql.SQLite, path)
+	// A busy timeout the test outlasts.
+	db := sqlOpen(t, "sqlite", "file:"+(&url.URL{Path: path}).EscapedPath()+"?_pragma=busy_timeout(200)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	defer db.Close()
+	store := testenv.Must(idemsql.NewStore(db, idemsql.SQLite))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	engine := newEngine(t, store, &idem.Config{Lease: 30 * time.Second})
+	tenant := newName("tenant")
+	op := idem.Operation{Tenant: tenant, Key: "pay-1", Fingerprint: []byte("fp")}
+	var steps stepCounter
+	pay := func(ctx context.Context) (idem.Result, error) {
+		c, err := idem.Step(ctx, "charge", steps.charge)
+		if err != nil {
+			return idem.Result{}, err
+		}
+		tx := idemsql.TxFromContext(ctx)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO business (id) VALUES (?)`, "pay-1"); err != nil {
+			return idem.Result{}, err
+		}
+		return idem.Result{Status: 201, Body: []byte(c.ID)}, nil
+	}
+
+	claimed := make(chan struct{})
+	goOn := make(chan struct{})
+	payErr := make(chan error, 1)
+	go func() {
+		_, err := engine.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
+			close(claimed)
+			<-goOn
+			return pay(ctx)
+		})
+		payErr <- err
+	}()
+	<-claimed
+	locked := make(chan error, 1)
+	unlock := make(chan struct{})
+	holder := make(chan error, 1)
+	go func() {
+		_, err := engine.Do(ctx, idem.Operation{Tenant: tenant, Key: "other"}, func(ctx context.Context) (idem.Result, error) {
+			_, err := idemsql.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO business (id) VALUES (?)`, "other")
+			locked <- err
+			<-unlock
+			return idem.Result{Status: 201}, err
+		})
+		holder <- err
+	}()
+	if err := <-locked; err != nil {
+		t.Fatal(err)
+	}
+	close(goOn)
+	if err := <-payErr; !errors.Is(err, idem.ErrStepNotSaved) {
+		t.Fatalf("Do whose step's record waited past the busy timeout = %v, want ErrStepNotSaved", err)
+	}
+	// A duplicate meanwhile: the key is held (or, its claim waiting past
+	// the busy timeout too, the store is unavailable); it never runs.
+	if _, err := engine.Do(ctx, op, pay); !errors.Is(err, idem.ErrInFlight) && !errors.Is(err, idem.ErrStore) {
+		t.Fatalf("a duplicate while the lock is held = %v, want ErrInFlight or a store error", err)
+	}
+	close(unlock)
+	if err := <-holder; err != nil {
+		t.Fatalf("the holder: %v", err)
+	}
+	for {
+		out, err := engine.Do(ctx, op, pay)
+		if errors.Is(err, idem.ErrInFlight) && ctx.Err() == nil {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if err != nil || string(out.Result.Body) != "ch_1" {
+			t.Fatalf("the retry after the lock was freed = %+v, %v; want the recorded charge", out, err)
+		}
+		break
+	}
+	if n := steps.runs.Load(); n != 1 {
+		t.Fatalf("the charge ran %d times, want once", n)
+	}
+	mustCount(t, env, "pay-1", 1)
 }

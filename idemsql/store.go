@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idem-go/idem"
 )
@@ -37,8 +38,6 @@ type Store struct {
 	// connections, read once; 0 until read).
 	writes    *gate
 	busyLimit atomic.Int64
-	// SQLite only: the step journal (see journal.go).
-	journal *journal
 	// SQLite only: the synchronous setting a claim of a new key restores
 	// after committing without waiting for the disk, read once: 0
 	// unknown, -1 claims commit as everything else (not in WAL mode, or
@@ -91,7 +90,6 @@ func NewStore(db *sql.DB, dialect Dialect) (*Store, error) {
 	s := &Store{db: db, d: dialect.d}
 	if s.d.kind == kindSQLite {
 		s.writes = newGate()
-		s.journal = &journal{}
 	}
 	return s, nil
 }
@@ -119,6 +117,11 @@ func (s *Store) Dialect() Dialect { return Dialect{s.d} }
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	if s.d.maxTenant > 0 && len(p.Tenant) > s.d.maxTenant {
 		return idem.ClaimResult{}, idem.NotApplied(fmt.Errorf("idemsql: claim: the tenant is %d bytes long, the %s table holds %d", len(p.Tenant), s.d.name, s.d.maxTenant))
+	}
+	if s.d.kind == kindPostgres && !pgText(p.Tenant) {
+		// Refused here, in words that never quote it: PostgreSQL's own
+		// error would, in part, and a tracer exports error texts.
+		return idem.ClaimResult{}, idem.NotApplied(fmt.Errorf("idemsql: claim: the tenant is not valid UTF-8 text without NUL bytes, which PostgreSQL's text cannot hold (%d bytes; its value is not shown)", len(p.Tenant)))
 	}
 	rec, replay, err := s.peek(ctx, p.Tenant, p.Key)
 	if err != nil {
@@ -300,8 +303,7 @@ func (s *Store) claimSQLite(ctx context.Context, p idem.ClaimParams, args []any,
 // What that keeps. In WAL mode a commit appends to the WAL file; a
 // synchronous one then flushes the file, and with it every commit before
 // its own. The execution's later writes that must last are synchronous:
-// its completion, a release, a step saved on the record; a step saved to
-// the journal flushes the WAL first (syncWAL). So a crash of the process
+// its completion, a release, a step saved on the record. So a crash of the process
 // loses nothing (the WAL is written), and a crash of the machine can lose
 // only claims whose executions had made nothing durable since: after it,
 // their keys are absent (a claim of a new key replaced nothing), and a
@@ -345,9 +347,8 @@ func (s *Store) asyncClaim(ctx context.Context, conn *sql.Conn) (restore func(),
 // transaction that holds the write lock from its start, so that the
 // record it reads is the one it replaces: atomic, as one statement would
 // be. It replaces a record past its retention, and takes over one in
-// flight whose lease ended with the same fingerprint, moving the rows the
-// step journal holds for the execution it takes over into the steps
-// column (see journal.go). A lost claim returns the record it read.
+// flight whose lease ended with the same fingerprint, keeping its steps.
+// A lost claim returns the record it read.
 func (s *Store) claimExisting(ctx context.Context, conn *sql.Conn, p idem.ClaimParams) (claimOutcome, error) {
 	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		return claimOutcome{}, err
@@ -370,7 +371,6 @@ func (s *Store) claimExisting(ctx context.Context, conn *sql.Conn, p idem.ClaimP
 	row := conn.QueryRowContext(ctx, s.d.claimRead.text, s.d.claimRead.args(values)...)
 	rec, stored, err := scanRecord(s.d, row, &expired, &ended)
 	var out claimOutcome
-	var moved bool // the journal's rows of the taken-over execution are in the steps
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		// Released or purged since peek (or since the INSERT met it).
@@ -384,12 +384,7 @@ func (s *Store) claimExisting(ctx context.Context, conn *sql.Conn, p idem.ClaimP
 	case expired || ended:
 		out = claimOutcome{won: true, takeover: !expired, stepsKnown: true}
 		if out.takeover {
-			journaled, err := s.journalSteps(ctx, conn, rec.Tenant, rec.Key, rec.LeaseToken)
-			if err != nil {
-				return claimOutcome{}, err
-			}
-			out.steps = append(stored, journaled...)
-			moved = len(journaled) > 0
+			out.steps = stored
 		}
 		values["steps"] = nullBytes(out.steps)
 		values["old"] = rec.LeaseToken
@@ -413,9 +408,6 @@ func (s *Store) claimExisting(ctx context.Context, conn *sql.Conn, p idem.ClaimP
 		return claimOutcome{}, err
 	}
 	open = false
-	if moved {
-		s.dropJournal(ctx, rec.Tenant, rec.Key, rec.LeaseToken)
-	}
 	return out, nil
 }
 
@@ -520,9 +512,7 @@ type execer interface {
 // after a completion whose commit the caller could not confirm) changes
 // nothing. A record without recovery points is deleted, so that the retry
 // runs afresh; one that holds some is kept in flight with its lease ended
-// at once, so that the retry takes it over and gets them. On SQLite the
-// steps the journal holds for the execution move into the record first
-// (see journal.go).
+// at once, so that the retry takes it over and gets them.
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 	values := map[string]any{"tenant": p.Tenant, "key": p.Key, "token": p.Token}
 	err := s.retry(ctx, func() error {
@@ -543,22 +533,6 @@ func (s *Store) releaseOnce(ctx context.Context, p idem.ReleaseParams, values ma
 	if s.d.releaseKeep.text == "" {
 		_, err := s.db.ExecContext(ctx, s.d.release.text, s.d.release.args(values)...)
 		return err
-	}
-	if s.d.kind == kindSQLite {
-		// With the gate held, no step of this execution can reach the
-		// journal: its unit of work has ended (the engine releases after
-		// the rollback), and a step saved now waits for the gate.
-		journaled, err := s.journalSteps(ctx, s.db, p.Tenant, p.Key, p.Token)
-		if err != nil {
-			return err
-		}
-		if len(journaled) > 0 {
-			values := map[string]any{"tenant": p.Tenant, "key": p.Key, "token": p.Token, "step": journaled}
-			if _, err := s.db.ExecContext(ctx, s.d.saveStep.text, s.d.saveStep.args(values)...); err != nil {
-				return err
-			}
-			defer s.dropJournal(ctx, p.Tenant, p.Key, p.Token)
-		}
 	}
 	res, err := s.db.ExecContext(ctx, s.d.release.text, s.d.release.args(values)...)
 	if err != nil {
@@ -583,13 +557,6 @@ func (s *Store) Get(ctx context.Context, tenant, key string) (*idem.Record, erro
 		}
 		return nil, fmt.Errorf("idemsql: get: %w", err)
 	}
-	if s.d.kind == kindSQLite {
-		journaled, err := s.journalSteps(ctx, s.db, tenant, key, rec.LeaseToken)
-		if err != nil {
-			return nil, fmt.Errorf("idemsql: get: %w", err)
-		}
-		stored = append(stored, journaled...)
-	}
 	if rec.Steps, err = decodeSteps(stored); err != nil {
 		return nil, fmt.Errorf("idemsql: get: %w", err)
 	}
@@ -613,9 +580,6 @@ func (s *Store) Purge(ctx context.Context, p idem.PurgeParams) (int, error) {
 		n, err = s.purgeOnce(ctx, int64(limit))
 		return err
 	})
-	if err == nil && s.journal != nil {
-		err = s.sweepJournal(ctx, int64(limit))
-	}
 	return n, err
 }
 
@@ -805,3 +769,7 @@ func nullBytes(b []byte) any {
 	}
 	return b
 }
+
+// pgText reports whether PostgreSQL's text can hold s: valid UTF-8
+// without NUL bytes.
+func pgText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }

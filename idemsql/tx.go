@@ -34,10 +34,12 @@ type DBTX interface {
 // the writes at once, and the answer the handler then returns is stored
 // and replayed without them; statements after it fail with
 // ErrTxRolledBack. When the database ends the transaction under the
-// handler (a deadlock, a lock wait timeout that rolled it back, a failed
-// statement after which SQLite rolled it back), the statement's error is a
-// *TxEndedError, every later statement fails with one too, and nothing of
-// the execution is stored: return an error.
+// handler (a deadlock, a serialization failure on PostgreSQL, a lock wait
+// timeout that rolled it back, a failed statement after which SQLite
+// rolled it back), the statement's error is a *TxEndedError, every later
+// statement fails with one too (which no longer unwraps to the driver's
+// error: a statement retried on a deadlock stops at once), and nothing of
+// the execution is stored, whatever the handler answers: return an error.
 //
 // A Tx is safe for concurrent use, as a *sql.Tx is, and is valid only
 // while the handler runs. Send COMMIT, ROLLBACK or BEGIN through its
@@ -146,9 +148,10 @@ func (t *Tx) Commit() error { return ErrTxOwned }
 // instead rolls back and stores nothing; idem.RollbackWrites(ctx) does as
 // Rollback, at the handler's return.)
 //
-// It returns a *TxEndedError if the database had ended the transaction in
-// a way that may have committed writes (DDL on MySQL): the answer will not
-// be stored then. It is harmless to call more than once.
+// It returns a *TxEndedError if the database had ended the transaction (a
+// deadlock, DDL on MySQL): the answer will not be stored then, not even
+// alone, since an answer given after the database ended the transaction
+// says nothing of the request. It is harmless to call more than once.
 func (t *Tx) Rollback() error { return t.u.rollbackByHandler() }
 
 // CompleteTx stores the result of the execution holding p.Token inside tx,

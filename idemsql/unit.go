@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -65,10 +66,6 @@ type unit struct {
 	state unitState
 	conn  *sql.Conn
 	cause error // unitEnded: the error that revealed the end
-	// undone is true when the end is known to have undone the writes
-	// (unitEnded by a rollback: a deadlock, a lost connection), false
-	// when it may have committed them (DDL on MySQL).
-	undone bool
 	// mark is the value SET LOCAL gave idem.unit in this transaction
 	// (Postgres).
 	mark string
@@ -80,15 +77,32 @@ type unit struct {
 	locked  bool
 	lease   lease
 	isOwner bool
-	// What disown learnt from the gate: the extension owed, and whether a
-	// step went to the journal; moved is true once the journal's rows are
-	// in the record, in the transaction that ends (see foldJournal).
-	owed      *idem.ExtendParams
-	journaled bool
-	moved     bool
+	// What disown learnt from the gate: the extension owed.
+	owed *idem.ExtendParams
 }
 
-var _ idem.UnitOfWork = (*unit)(nil)
+var (
+	_ idem.UnitOfWork  = (*unit)(nil)
+	_ idem.StepChecker = (*unit)(nil)
+)
+
+// CheckStep implements idem.StepChecker: on SQLite, a step is refused
+// with ErrStepAfterStatement once the handler's transaction has begun (at
+// its first statement, a read included), since the transaction then
+// holds the write lock the step's record would wait for. Elsewhere, and
+// once the transaction has ended (Tx.Rollback, or the database ended it),
+// a step may come at any time.
+func (u *unit) CheckStep(context.Context) error {
+	if u.s.d.kind != kindSQLite {
+		return nil
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.state == unitOpen {
+		return ErrStepAfterStatement
+	}
+	return nil
+}
 
 func newUnit(s *Store) *unit {
 	u := &unit{s: s}
@@ -115,7 +129,7 @@ func (u *unit) use(ctx context.Context) (*sql.Conn, error) {
 		}
 		return u.conn, nil
 	case unitEnded:
-		return nil, &TxEndedError{Cause: u.cause}
+		return nil, txGone(u.cause)
 	case unitRolledBack:
 		return nil, ErrTxRolledBack
 	}
@@ -183,7 +197,7 @@ func (u *unit) begin(ctx context.Context) error {
 		if x, ok := idem.ExecutionFromContext(ctx); ok {
 			u.lease = lease{x.Tenant, x.Key, x.LeaseToken}
 			u.isOwner = true
-			s.writes.own(u.lease, conn)
+			s.writes.own(u.lease)
 		}
 	}
 	return nil
@@ -204,7 +218,6 @@ func (u *unit) failed(ctx context.Context, conn *sql.Conn, err error) error {
 	}
 	u.state = unitEnded
 	u.cause = err
-	u.undone = true
 	u.finish(ctx)
 	return &TxEndedError{Cause: err}
 }
@@ -229,6 +242,13 @@ func (u *unit) endedBy(ctx context.Context, conn *sql.Conn, err error) bool {
 		case mysqlLockWaitTimeout:
 			return u.s.rollsBackOnTimeout(ctx, conn)
 		}
+	case kindPostgres:
+		// A deadlock or a serialization failure (class 40, "transaction
+		// rollback"): the server keeps the transaction open but aborted,
+		// and it can never commit. Unlike another failed statement,
+		// whose answer the handler may mean (a unique violation answered
+		// 409), it says nothing of the request: the retry would succeed.
+		return strings.HasPrefix(postgresState(err), postgresRollbackClass)
 	case kindSQLite:
 		// SQLite may roll the whole transaction back after an error
 		// (SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM, an interrupt, which
@@ -242,8 +262,8 @@ func (u *unit) endedBy(ctx context.Context, conn *sql.Conn, err error) bool {
 			return true
 		}
 	}
-	// PostgreSQL never ends a transaction on an error: it aborts it, and
-	// the completion stores the answer alone (see complete).
+	// PostgreSQL aborts the transaction on any other error, and the
+	// completion stores the answer alone (see complete).
 	return false
 }
 
@@ -296,7 +316,7 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) (err error) 
 	case unitIdle, unitRolledBack:
 		return u.s.completeAlone(ctx, p)
 	case unitEnded:
-		return &TxEndedError{Cause: u.cause}
+		return txGone(u.cause)
 	case unitDone:
 		return errUnitDone
 	}
@@ -339,16 +359,7 @@ func (u *unit) complete(ctx context.Context, p idem.CompleteParams) error {
 			return fmt.Errorf("idemsql: complete: %w", err)
 		}
 	}
-	if _, journaled := u.disown(); journaled {
-		// Steps saved while this transaction held the lock went to the
-		// journal: into the record with the completion.
-		moved, err := s.foldJournal(ctx, conn, u.lease)
-		if err != nil {
-			u.finish(ctx)
-			return fmt.Errorf("idemsql: complete: move the steps from the journal: %w", err)
-		}
-		u.moved = moved
-	}
+	u.disown()
 	args, err := completeArgs(s.d.completeUnitQuery(), p, u.mark)
 	if err != nil {
 		u.finish(ctx)
@@ -429,25 +440,20 @@ func (u *unit) commit(ctx context.Context) error {
 		u.conn.Close()
 	}
 	u.release()
-	if err == nil && u.moved {
-		u.s.dropJournal(ctx, u.lease.tenant, u.lease.key, u.lease.token)
-	}
 	return err
 }
 
 // finish ends the open transaction without completing: rolled back, or,
-// on SQLite when the unit owes a lease extension or steps went to the
-// journal, rolled back to its savepoint and committed with the extension
-// and the journal's steps moved into the record, so that the lock is
-// never free while the lease it kept from being extended may have run
-// out, or the record lacks steps the journal holds. The connection goes
-// back to the pool (or is discarded when its state is unknown). It runs
-// with u.mu held.
+// on SQLite when the unit owes a lease extension, rolled back to its
+// savepoint and committed with the extension, so that the lock is never
+// free while the lease it kept from being extended may have run out. The
+// connection goes back to the pool (or is discarded when its state is
+// unknown). It runs with u.mu held.
 func (u *unit) finish(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	conn := u.conn
-	owed, journaled := u.disown()
+	owed := u.disown()
 	ok := true
 	exec := func(q string) {
 		if ok {
@@ -455,37 +461,23 @@ func (u *unit) finish(ctx context.Context) {
 			ok = err == nil
 		}
 	}
-	// keep moves the journal's steps into the record and extends the
-	// lease; a failed move leaves the steps in the journal, where every
-	// reader finds them.
 	keep := func() {
-		u.moved = false // whatever moved before is rolled back
-		if journaled && ok {
-			moved, err := u.s.foldJournal(ctx, conn, u.lease)
-			ok, u.moved = err == nil, moved
-		}
-		if owed != nil && ok {
-			_, err := u.s.extendOn(ctx, conn, *owed)
-			ok = err == nil
-		}
+		_, err := u.s.extendOn(ctx, conn, *owed)
+		ok = err == nil
 	}
-	drop := false
 	switch {
-	case owed != nil || journaled:
+	case owed != nil:
 		exec("ROLLBACK TO SAVEPOINT " + savepoint)
 		if ok {
 			keep()
 			exec("COMMIT")
-			drop = ok && u.moved
 		} else {
 			// The transaction had ended already, and the lock with it:
 			// write at once, while this Store still lets no other writer
 			// of its own in.
 			ok = true
 			exec("ROLLBACK")
-			ok = true
 			keep()
-			drop = ok && u.moved
 			ok = true
 		}
 	case u.s.d.kind == kindMySQL:
@@ -506,22 +498,18 @@ func (u *unit) finish(ctx context.Context) {
 	}
 	u.conn = nil
 	u.release()
-	if drop {
-		u.s.dropJournal(ctx, u.lease.tenant, u.lease.key, u.lease.token)
-	}
 }
 
 // disown tells the gate, before the transaction gives up the write lock,
-// that the lease's extensions and steps must wait for the gate again,
-// once the steps being written to the journal are (SQLite). It returns
-// the extension skipped meanwhile, if any, and whether a step went to the
-// journal; called again, it returns the same.
-func (u *unit) disown() (*idem.ExtendParams, bool) {
+// that the lease's extensions and steps must wait for the gate again
+// (SQLite). It returns the extension skipped meanwhile, if any; called
+// again, it returns the same.
+func (u *unit) disown() *idem.ExtendParams {
 	if u.isOwner {
 		u.isOwner = false
-		u.owed, u.journaled = u.s.writes.disown(u.lease)
+		u.owed = u.s.writes.disown(u.lease)
 	}
-	return u.owed, u.journaled
+	return u.owed
 }
 
 // release gives up the Store's gate (SQLite), once the transaction has
@@ -535,15 +523,33 @@ func (u *unit) release() {
 }
 
 // Rollback implements idem.UnitOfWork. After Complete it does nothing.
+//
+// It returns a *TxEndedError when the database had ended the transaction
+// (found now on MySQL and SQLite, where a savepoint marks it): the engine
+// then stores nothing, not even an answer meant to be stored without the
+// writes (idem.RollbackWrites, a 5xx), since an answer given after a
+// deadlock or an implicit commit says nothing of the request.
 func (u *unit) Rollback(ctx context.Context) error {
 	u.stmts.Lock()
 	defer u.stmts.Unlock()
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if u.state == unitOpen {
-		u.finish(ctx)
-	}
+	state := u.state
 	u.state = unitDone
+	switch state {
+	case unitEnded:
+		return txGone(u.cause)
+	case unitOpen:
+		var err error
+		if u.s.d.kind != kindPostgres {
+			// One round trip, on a path that is rolling back anyway.
+			err = u.checkIntact(ctx)
+		}
+		u.finish(ctx)
+		if err != nil {
+			return txGone(err)
+		}
+	}
 	return nil
 }
 
@@ -559,12 +565,9 @@ func (u *unit) rollbackByHandler() error {
 		u.state = unitRolledBack
 		return nil
 	case unitEnded:
-		if !u.undone {
-			return &TxEndedError{Cause: u.cause}
-		}
-		// The database rolled the writes back already.
-		u.state = unitRolledBack
-		return nil
+		// The unit stays ended: an answer given after the database ended
+		// the transaction (a deadlock) is never stored, not even alone.
+		return txGone(u.cause)
 	case unitDone:
 		return errUnitDone
 	}
@@ -577,7 +580,7 @@ func (u *unit) rollbackByHandler() error {
 		u.state = unitEnded
 		u.cause = err
 		u.finish(ctx)
-		return &TxEndedError{Cause: err}
+		return txGone(err)
 	}
 	u.state = unitRolledBack
 	u.finish(ctx)

@@ -33,7 +33,8 @@ type watchSub struct {
 // commits. SQLite is mostly written by one process, whose Store this is;
 // the changes made by another Store or another process (MySQL servers
 // shared by many) are not seen here, and the engine finds them by polling,
-// a few times a second.
+// a few times a second. ctx is only checked on the way in: the
+// subscription lasts until stop.
 func (s *Store) Watch(ctx context.Context, tenant, key string) (<-chan struct{}, func(), error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err

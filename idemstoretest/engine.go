@@ -291,6 +291,9 @@ func (s *suite) engine(t *testing.T) {
 
 	s.parallel(t, "TakeoverLeaseLost", func(h *harness) {
 		h.requireConcurrentWriters()
+		if h.caps.SingleTransaction {
+			h.t.Skip("skipping: in the single-transaction mode the database's lock is the lease, and it does not end under a live handler")
+		}
 		cfg := &idem.Config{Lease: shortLease, Heartbeat: -1}
 		engines := h.engines(cfg)
 		slow, taker := engines[0], engines[len(engines)-1]

@@ -48,6 +48,14 @@ type Capabilities struct {
 	// does not implement idem.StepStore instead of skipping its Steps
 	// area, so that none loses them unnoticed.
 	NoSteps bool
+	// SingleTransaction: the store claims inside the unit of work
+	// (idem.StoreInfo.SingleTransaction, idem.UnitClaimer), so the engine
+	// runs no heartbeat and refuses recovery points, and an execution in
+	// flight is invisible until it commits. The engine cases that need a
+	// visible in-flight record or a takeover under a running handler are
+	// skipped; the Steps area checks that idem.Step is refused; the
+	// direct Claim cases run as on any store.
+	SingleTransaction bool
 }
 
 // Exercise runs the whole conformance suite against the stores that
@@ -76,6 +84,7 @@ func Exercise(ctx context.Context, t *testing.T, newFixture func(t *testing.T) *
 	t.Run("Steps", s.steps)
 	t.Run("Wait", s.wait)
 	t.Run("StoreErrors", s.storeErrors)
+	t.Run("Listing", s.listing)
 }
 
 // info checks that the store describes itself as the suite was told it

@@ -408,6 +408,10 @@ func (s *suite) steps(t *testing.T) {
 	// its writes roll back and its key is released, but the retry gets
 	// the charge back instead of charging again.
 	s.parallel(t, "EngineStepOnce", func(h *harness) {
+		if h.caps.SingleTransaction {
+			h.stepRefused()
+			return
+		}
 		engines := h.engines(nil)
 		op := idem.Operation{Tenant: h.tenant, Key: "order-1", Fingerprint: fingerprint("POST /payments")}
 		var charges atomic.Int32
@@ -468,6 +472,8 @@ func (s *suite) steps(t *testing.T) {
 		}
 		h.mustBeComplete(h.fx.Store, op.Key, want)
 	})
+
+	s.stepsThroughEngine(t)
 
 	// A purge deletes a record with steps once its retention has passed,
 	// as any other, and keeps it before.

@@ -191,6 +191,7 @@ func (s *suite) wait(t *testing.T) {
 		h.mustComplete(h.fx.Store, p.Key, p.Token, idem.Result{Status: 201})
 		h.closes(second, "Watch after the record completed, another subscriber having stopped")
 	})
+	s.waitCounted(t)
 }
 
 // duplicates runs op on waitDuplicates goroutines released by one

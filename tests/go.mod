@@ -33,6 +33,7 @@ require (
 )
 
 require (
+	connectrpc.com/connect v1.21.1 // indirect
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
@@ -57,7 +58,6 @@ require (
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
@@ -82,3 +82,15 @@ replace github.com/idem-go/idem/cmd/idem => ../cmd/idem
 replace github.com/idem-go/idem/idemprom => ../idemprom
 
 replace github.com/idem-go/idem/idemotel => ../idemotel
+
+require (
+	github.com/idem-go/idem/idemconnect v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem/idemgrpc v0.0.0-00010101000000-000000000000
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
+
+replace github.com/idem-go/idem/idemgrpc => ../idemgrpc
+
+replace github.com/idem-go/idem/idemconnect => ../idemconnect

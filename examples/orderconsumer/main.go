@@ -203,8 +203,11 @@ func consume(ctx context.Context, o options) error {
 	}
 	defer d.close()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	inbox, err := ideminbox.NewInbox(&ideminbox.Config{
-		Store:       d.store,
+	engine, err := idem.NewEngine(d.store, &idem.Config{Logger: logger})
+	if err != nil {
+		return err
+	}
+	inbox, err := ideminbox.NewInbox(engine, &ideminbox.Config{
 		Consumer:    consumer,
 		MaxAttempts: 3,
 		// Keep the demo brisk: retry a failed order after 500ms, 1s, 2s…

@@ -100,10 +100,12 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// The charge first, the rows after: the step is recorded on a pool
-	// connection of its own, and the transaction of the rows holds one from
-	// its first statement to its commit, so charging inside it would take
-	// two connections per request for the whole card call.
+	// The charge first, the rows after (docs/SIDE-EFFECTS.md's recipe):
+	// the step is recorded on a pool connection of its own, and the
+	// transaction of the rows holds one from its first statement to its
+	// commit, so charging inside it would take two connections per request
+	// for the whole card call (and on SQLite a step after the first
+	// statement is refused).
 	charge, err := idem.Step(ctx, "charge", func(ctx context.Context) (cardnet.Charge, error) {
 		ctx, cancel := context.WithTimeout(ctx, cardTimeout)
 		defer cancel()
@@ -205,10 +207,18 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, rf)
 }
 
-// cardFailed answers a call to the card network that did not give a
-// result.
+// cardFailed answers a step whose call to the card network did not give
+// a result, as docs/SIDE-EFFECTS.md's recipe says.
 func (a *api) cardFailed(w http.ResponseWriter, r *http.Request, step string, err error) {
 	ctx := r.Context()
+	if errors.Is(err, idem.ErrStepNotSaved) || errors.Is(err, idem.ErrLeaseLost) {
+		// The network answered (or may have) and idem could not record
+		// it, or the key was taken over: idem discards whatever this
+		// handler writes and answers itself (503 with Retry-After, the
+		// key held until its lease ends; or 409 lease-lost). Write
+		// nothing.
+		return
+	}
 	var ce *cardnet.CallError
 	if errors.As(err, &ce) && !cardnet.IsUnknownOutcome(err) {
 		// The network refused the request itself: a result, stored and
@@ -217,22 +227,22 @@ func (a *api) cardFailed(w http.ResponseWriter, r *http.Request, step string, er
 		return
 	}
 	// No answer (a timeout, a connection error, a 5xx): the money may
-	// have moved. Store nothing and release the key, so that the client's
-	// retry runs the step again. That is safe because the retry sends the
-	// network the same downstream key, under which the network answers
-	// with what it did the first time, and moves no money twice. When the
-	// network answered but idem could not record the answer
-	// (idem.ErrStepNotSaved), the engine overrides this: it answers 503
-	// itself and holds the key until its lease ends.
-	idem.NotExecuted(ctx)
+	// have moved. Answer 503: these routes release the key on a 5xx
+	// (idemhttp.Config.ReleaseOn5xx), so nothing is stored and the
+	// client's retry runs the step again, sending the network the same
+	// downstream key, under which it answers with what it did the first
+	// time and moves no money twice. (Not idem.NotExecuted: the request
+	// did begin executing.)
 	a.logger.WarnContext(ctx, "card network call failed; the retry will ask again under the same downstream key",
 		slog.String("step", step), slog.Any("error", err))
 	w.Header().Set("Retry-After", "1")
 	writeProblem(w, http.StatusServiceUnavailable, "card network unavailable", "retry with the same Idempotency-Key")
 }
 
-// internal answers 500. idemhttp stores it and rolls the handler's writes
-// back.
+// internal answers 500. On the card routes idemhttp releases the key
+// (ReleaseOn5xx) with its recorded steps and rolls the handler's writes
+// back: the retry takes the key over, gets the recorded charge or refund
+// from idem.Step, and writes its rows again.
 func (a *api) internal(w http.ResponseWriter, r *http.Request, what string, err error) {
 	a.logger.ErrorContext(r.Context(), what, slog.Any("error", err))
 	writeProblem(w, http.StatusInternalServerError, "internal error", "")

@@ -68,7 +68,7 @@ func checkExactlyOnce(t *testing.T, db testDB, network *cardnet.Network, merchan
 			t.Errorf("%s: answer %s: %v", c.key, r.body, err)
 			continue
 		}
-		out[c.key] = outcome{id: id, networkID: nid, downstream: downstreamKey(t, merchant, c.key, k.step)}
+		out[c.key] = outcome{id: id, networkID: nid, downstream: downstreamKey(t, c, k.step)}
 	}
 
 	// The network: as many movements as operations, each operation's

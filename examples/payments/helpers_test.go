@@ -25,6 +25,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/examples/payments/cardnet"
+	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/internal/testenv"
 )
@@ -137,22 +138,40 @@ func (w *testWriter) Write(p []byte) (int, error) {
 }
 
 // downstreamKey is idem.DownstreamKey(ctx, step) as the handler computes
-// it for the operation (merchant, key): the key the card network sees.
-// It is taken from a real execution, on an engine over idemmem.
-func downstreamKey(t *testing.T, merchant, key, step string) string {
+// it for the call c: the key the card network sees. It is bound to the
+// request's fingerprint, so it is taken from c sent, as the client sends
+// it, through idemhttp and the API's routes, on an engine over idemmem.
+func downstreamKey(t *testing.T, c apiCall, step string) string {
 	t.Helper()
 	eng, err := idem.NewEngine(idemmem.NewStore(nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer eng.Close(context.Background())
+	mw, err := idemhttp.NewMiddleware(eng, &idemhttp.Config{TenantFunc: tenant})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var dk string
-	_, err = eng.Do(context.Background(), idem.Operation{Tenant: merchant, Key: key}, func(ctx context.Context) (idem.Result, error) {
-		dk = idem.DownstreamKey(ctx, step)
-		return idem.Result{Status: http.StatusOK}, nil
-	})
-	if err != nil || dk == "" {
-		t.Fatalf("downstream key of %s/%s: %q, %v", merchant, key, dk, err)
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		dk = idem.DownstreamKey(r.Context(), step)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", authenticate(h))
+	mux.Handle("POST /payments/{id}/refunds", authenticate(h))
+	body, err := json.Marshal(c.body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodPost, c.path, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+c.merchant)
+	req.Header.Set("Idempotency-Key", c.key)
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, req)
+	if rec.Code != http.StatusCreated || dk == "" {
+		t.Fatalf("downstream key of %s/%s: %q, answer %d %s", c.merchant, c.key, dk, rec.Code, rec.Body)
 	}
 	return dk
 }

@@ -76,11 +76,18 @@ func (s *server) open(ctx context.Context, c serverConfig) error {
 
 	life, stop := context.WithCancel(context.Background())
 	s.stop = stop
-	// idemhttp's defaults, but for the tenant rule, which has none: a
-	// handler whose client goes away runs to its end and its answer is
-	// stored for the client's retry.
+	// idemhttp's defaults, but for the tenant rule, which has none, and
+	// ReleaseOn5xx: a handler whose client goes away runs to its end and
+	// its answer is stored for the client's retry; a 5xx on these routes
+	// means "the card network did not say" (or the rows failed after a
+	// recorded step), so the key is released, its steps kept, for the
+	// retry to ask again under the same downstream key. ReleaseOn5xx
+	// belongs to the middleware, so it is limited to the routes this one
+	// wraps: a route whose 5xx should be stored and replayed gets a
+	// middleware of its own over the same engine, without it.
 	mw, err := idemhttp.NewMiddleware(s.engine, &idemhttp.Config{
 		TenantFunc:         tenant,
+		ReleaseOn5xx:       true,
 		ShutdownContext:    life,
 		CancelOnDisconnect: c.cancelOnDisconnect,
 		Logger:             c.logger,

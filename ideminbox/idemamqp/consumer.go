@@ -8,12 +8,10 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/ideminbox"
 )
 
@@ -133,11 +131,8 @@ type Config struct {
 // effects at one per message.
 type Consumer struct {
 	inbox   *ideminbox.Inbox
-	handler HandlerFunc
 	keyFunc func(amqp.Delivery) (string, error)
-	logger  *slog.Logger
-
-	observe func(amqp.Delivery, ideminbox.Decision, error)
+	loop    *ideminbox.Loop[delivery]
 }
 
 // NewConsumer returns a consumer running handler through inbox. A nil config means
@@ -146,18 +141,60 @@ func NewConsumer(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*
 	if inbox == nil || handler == nil {
 		return nil, errors.New("idemamqp: New needs an inbox and a handler")
 	}
-	c := &Consumer{inbox: inbox, handler: handler, keyFunc: DefaultKey, logger: inbox.Config().Logger}
-	if config != nil && config.KeyFunc != nil {
-		c.keyFunc = config.KeyFunc
+	c := &Consumer{inbox: inbox, keyFunc: DefaultKey}
+	lc := &ideminbox.LoopConfig[delivery]{
+		Handler: func(ctx context.Context, d delivery) error { return handler(ctx, d.Delivery) },
+		// RabbitMQ has no delayed requeue: the loop keeps a delivery to
+		// requeue for its delay, unsettled, then requeues it.
+		DelaysNak: false,
+		Name:      "idemamqp",
+		LogAttrs: func(d delivery) []slog.Attr {
+			return []slog.Attr{slog.String("routing_key", d.RoutingKey), slog.String("message_id", d.MessageId)}
+		},
 	}
 	if config != nil {
-		c.observe = config.ObserveFunc
+		if config.KeyFunc != nil {
+			c.keyFunc = config.KeyFunc
+		}
+		lc.Logger = config.Logger
+		if observe := config.ObserveFunc; observe != nil {
+			lc.ObserveFunc = func(d delivery, dec ideminbox.Decision, err error) { observe(d.Delivery, dec, err) }
+		}
 	}
-	if config != nil && config.Logger != nil {
-		c.logger = config.Logger
+	loop, err := ideminbox.NewLoop(inbox, lc)
+	if err != nil {
+		return nil, err
 	}
+	c.loop = loop
 	return c, nil
 }
+
+// delivery is an AMQP delivery as the inbox's delivery loop settles it.
+type delivery struct {
+	amqp.Delivery
+	keyFunc func(amqp.Delivery) (string, error)
+}
+
+func (d delivery) Message() (ideminbox.Message, error) {
+	id, err := d.keyFunc(d.Delivery)
+	if err != nil {
+		return ideminbox.Message{}, err
+	}
+	return ideminbox.Message{ID: id, Attempt: Attempt(d.Delivery), Subject: d.RoutingKey, Data: d.Body, Raw: d.Delivery}, nil
+}
+
+func (d delivery) Ack() error { return d.Delivery.Ack(false) }
+
+// Nak requeues at once: the loop never passes a delay (DelaysNak false).
+func (d delivery) Nak(time.Duration) error { return d.Nack(false, true) }
+
+// Term rejects without requeue: to the queue's dead-letter exchange, if
+// it has one.
+func (d delivery) Term() error { return d.Reject(false) }
+
+// InProgress does nothing: RabbitMQ keeps an unsettled delivery until the
+// channel closes (or its consumer_timeout).
+func (d delivery) InProgress() error { return nil }
 
 // DefaultKey returns the delivery's MessageId, or an error wrapping
 // ideminbox.ErrNoMessageID when the publisher set none.
@@ -192,86 +229,7 @@ func Attempt(d amqp.Delivery) int {
 // explains it (see ideminbox.Inbox.Process), or the error of the
 // acknowledgement.
 func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) (ideminbox.Decision, error) {
-	dec, err := c.decide(ctx, ctx, d, true)
-	switch dec.Action {
-	case ideminbox.Nack:
-		err = errors.Join(err, c.requeue(ctx, d, dec.Delay))
-	case ideminbox.Hold:
-		err = errors.Join(err, c.requeue(ctx, d, 0))
-	}
-	return dec, err
-}
-
-// decide runs the inbox with work as the handler's context, holding the
-// delivery in place while the store is down (and, when inPlace, while its
-// key is in flight elsewhere) until ctx ends, and sends every
-// acknowledgement but a Nack or a Hold, which it leaves to the caller.
-func (c *Consumer) decide(work, ctx context.Context, d amqp.Delivery, inPlace bool) (ideminbox.Decision, error) {
-	id, err := c.keyFunc(d)
-	if err != nil {
-		// Running it without a key would be the silent pass the inbox
-		// exists to prevent; requeueing it would loop forever.
-		return ideminbox.Decision{Action: ideminbox.Reject}, errors.Join(err, ackError(ideminbox.Reject, d.Reject(false)))
-	}
-	msg := ideminbox.Message{ID: id, Attempt: Attempt(d), Subject: d.RoutingKey, Data: d.Body, Raw: d}
-	for {
-		dec, err := c.inbox.Process(work, msg, func(ctx context.Context) error { return c.handler(ctx, d) })
-		if c.observe != nil {
-			c.observe(d, dec, err)
-		}
-		switch dec.Action {
-		case ideminbox.Ack, ideminbox.AckDuplicate, ideminbox.AckPoison:
-			return dec, errors.Join(err, ackError(dec.Action, d.Ack(false)))
-		case ideminbox.Reject:
-			return dec, errors.Join(err, ackError(dec.Action, d.Reject(false)))
-		case ideminbox.Hold:
-		default:
-			return dec, err
-		}
-		c.log(ctx, d, dec, err)
-		switch {
-		case dec.AwaitsStore(err):
-			if c.inbox.AwaitStore(ctx) != nil {
-				return dec, err
-			}
-		case !inPlace:
-			return dec, err
-		default:
-			if !sleep(ctx, dec.Delay) {
-				return dec, err
-			}
-		}
-	}
-}
-
-// requeue holds d for delay, or until waitCtx ends, then requeues it.
-func (c *Consumer) requeue(waitCtx context.Context, d amqp.Delivery, delay time.Duration) error {
-	sleep(waitCtx, delay)
-	return ackError(ideminbox.Nack, d.Nack(false, true))
-}
-
-// sleep waits d, or until ctx ends, and reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-func ackError(a ideminbox.Action, err error) error {
-	if err == nil {
-		return nil
-	}
-	// Nothing is lost: an unacknowledged delivery returns to the queue when
-	// the channel closes, and the inbox recognises it if it was processed.
-	return fmt.Errorf("idemamqp: %s: %w", a, err)
+	return c.loop.Handle(ctx, delivery{d, c.keyFunc})
 }
 
 // ConsumeQueue consumes queue on ch with manual acknowledgements and runs
@@ -311,85 +269,22 @@ func (c *Consumer) ConsumeQueue(ctx context.Context, ch *amqp.Channel, queue, co
 //   - A delivery to requeue after a delay (its handler failed) is held
 //     aside likewise, then requeued.
 //
-// When Consume returns, the deliveries it holds aside are requeued at
-// once. Deliveries the broker pushed that Consume had not taken yet stay
+// When Consume returns, the deliveries it holds aside, and the one it took
+// off deliveries for its next turn, are requeued at once. Deliveries the
+// broker pushed that Consume had not taken yet stay
 // unacknowledged: cancel the consumer (Channel.Cancel) or close the
 // channel, and RabbitMQ puts them back in the queue; nothing is lost, and
 // nothing ran, but a quorum queue counts one more delivery for each.
 func (c *Consumer) Consume(ctx context.Context, deliveries <-chan amqp.Delivery) error {
-	work := context.WithoutCancel(ctx)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer close(stop)
-	due := make(chan amqp.Delivery)
-	// aside keeps d unsettled for delay; then a Hold comes back through due
-	// and a Nack is requeued. Both are requeued at once when Consume
-	// returns.
-	aside := func(d amqp.Delivery, dec ideminbox.Decision) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t := time.NewTimer(dec.Delay)
-			defer t.Stop()
-			select {
-			case <-t.C:
-				if dec.Action == ideminbox.Hold {
-					select {
-					case due <- d:
-						return
-					case <-stop:
-					}
-				}
-			case <-stop:
-			}
-			if err := ackError(ideminbox.Nack, d.Nack(false, true)); err != nil {
-				c.log(ctx, d, dec, err)
-			}
-		}()
-	}
-	run := func(d amqp.Delivery) {
-		dec, err := c.decide(work, ctx, d, false)
-		switch {
-		case dec.Action == ideminbox.Hold && ctx.Err() == nil:
-			aside(d, dec)
-			return
-		case dec.Action == ideminbox.Hold:
-			err = errors.Join(err, ackError(ideminbox.Nack, d.Nack(false, true)))
-		case dec.Action == ideminbox.Nack:
-			aside(d, dec)
-		}
-		if dec.Action != ideminbox.Hold {
-			c.log(ctx, d, dec, err)
-		}
-	}
-	for {
+	return c.loop.Consume(ctx, func(ctx context.Context) (delivery, error) {
 		select {
-		case <-ctx.Done():
-			return nil
 		case d, ok := <-deliveries:
 			if !ok {
-				return ErrClosed
+				return delivery{}, ErrClosed
 			}
-			run(d)
-		case d := <-due:
-			run(d)
+			return delivery{d, c.keyFunc}, nil
+		case <-ctx.Done():
+			return delivery{}, ctx.Err()
 		}
-	}
-}
-
-func (c *Consumer) log(ctx context.Context, d amqp.Delivery, dec ideminbox.Decision, err error) {
-	if err == nil {
-		return
-	}
-	level := slog.LevelWarn
-	switch {
-	case dec.Action == ideminbox.Reject || dec.Action == ideminbox.AckPoison:
-		level = slog.LevelError
-	case dec.Action == ideminbox.Hold && errors.Is(err, idem.ErrInFlight):
-		level = slog.LevelInfo
-	}
-	c.logger.Log(ctx, level, "idemamqp: message not processed",
-		slog.String("routing_key", d.RoutingKey), slog.String("message_id", d.MessageId),
-		slog.String("decision", dec.Action.String()), slog.Duration("delay", dec.Delay), slog.Any("error", err))
+	})
 }

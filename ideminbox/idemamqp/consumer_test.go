@@ -118,7 +118,6 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 		t.Fatal(err)
 	}
 	ic := ideminbox.Config{
-		Store:          be.b.NewStore(t),
 		Consumer:       "projector",
 		Logger:         quiet,
 		MaxAttempts:    5,
@@ -128,7 +127,7 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 	if mod != nil {
 		mod(&ic)
 	}
-	inbox, err := ideminbox.NewInbox(&ic)
+	inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, be.b.NewStore(t)), &ic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,7 +464,7 @@ func TestPoison(t *testing.T) {
 func TestMissingMessageID(t *testing.T) {
 	inboxtest.ForEach(t, func(t *testing.T, b *inboxtest.Backend) {
 		be := newBench(t, b, "quorum")
-		inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+		inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, b.NewStore(t)), &ideminbox.Config{Consumer: "projector", Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}

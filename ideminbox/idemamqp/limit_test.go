@@ -27,7 +27,7 @@ import (
 func TestDeliveryLimitMustLeaveRoom(t *testing.T) {
 	const maxAttempts, stops = 2, 4
 	o := inboxtest.PostgresOutage(t)
-	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: o.NewStore(t), Consumer: "projector", Logger: quiet, MaxAttempts: maxAttempts})
+	inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, o.NewStore(t)), &ideminbox.Config{Consumer: "projector", Logger: quiet, MaxAttempts: maxAttempts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestDeliveryLimitMustLeaveRoom(t *testing.T) {
 			}
 			o.Up()
 			// A fresh store: the outage cut the connections of the others.
-			inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: o.NewStore(t), Consumer: "projector"})
+			inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, o.NewStore(t)), &ideminbox.Config{Consumer: "projector"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -119,7 +119,7 @@ func waitUntil(cond func() bool) bool {
 // default (20) leaves no room.
 func TestCheckQueueArgs(t *testing.T) {
 	check := func(maxAttempts int, args amqp.Table) error {
-		inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: inboxtest.Mem(t).NewStore(t), Consumer: "projector", MaxAttempts: maxAttempts})
+		inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, inboxtest.Mem(t).NewStore(t)), &ideminbox.Config{Consumer: "projector", MaxAttempts: maxAttempts})
 		if err != nil {
 			t.Fatal(err)
 		}

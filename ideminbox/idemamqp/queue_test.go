@@ -27,7 +27,7 @@ func TestConsumeQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet,
+	inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, b.NewStore(t)), &ideminbox.Config{Consumer: "projector", Logger: quiet,
 		RetryDelayFunc: func(int) time.Duration { return 10 * time.Millisecond }})
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ func TestAckPolicyMustBeExplicit(t *testing.T) {
 		t.Run(policy.String(), func(t *testing.T) {
 			b := inboxtest.Mem(t)
 			be := newBench(t, b, jetstream.ConsumerConfig{AckPolicy: policy})
-			inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+			inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, b.NewStore(t)), &ideminbox.Config{Consumer: "projector", Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -62,7 +62,7 @@ func TestAckPolicyMustBeExplicit(t *testing.T) {
 func TestHandleAfterCheck(t *testing.T) {
 	b := inboxtest.Mem(t)
 	be := newBench(t, b, jetstream.ConsumerConfig{})
-	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+	inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, b.NewStore(t)), &ideminbox.Config{Consumer: "projector", Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestHandleAfterCheck(t *testing.T) {
 func TestCheckRefusesMaxDeliverWithoutMargin(t *testing.T) {
 	const maxAttempts = 5
 	b := inboxtest.Mem(t)
-	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet, MaxAttempts: maxAttempts})
+	inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, b.NewStore(t)), &ideminbox.Config{Consumer: "projector", Logger: quiet, MaxAttempts: maxAttempts})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/ideminbox"
 )
 
@@ -55,12 +54,10 @@ type Config struct {
 // competing ones: the inbox keeps their effects at one per message.
 type Consumer struct {
 	inbox   *ideminbox.Inbox
-	handler HandlerFunc
 	keyFunc func(jetstream.Msg) (string, error)
-	logger  *slog.Logger
 	// progress is Config.ProgressInterval.
 	progress time.Duration
-	observe  func(jetstream.Msg, ideminbox.Decision, error)
+	loop     *ideminbox.Loop[delivery]
 
 	mu      sync.Mutex
 	checked map[consumerName]time.Duration // consumers Check accepted: their progress interval
@@ -74,22 +71,64 @@ func NewConsumer(inbox *ideminbox.Inbox, handler HandlerFunc, config *Config) (*
 	if inbox == nil || handler == nil {
 		return nil, errors.New("idemjetstream: New needs an inbox and a handler")
 	}
-	c := &Consumer{
-		inbox: inbox, handler: handler, keyFunc: DefaultKey, logger: inbox.Config().Logger,
-		checked: make(map[consumerName]time.Duration),
+	c := &Consumer{inbox: inbox, keyFunc: DefaultKey, checked: make(map[consumerName]time.Duration)}
+	lc := &ideminbox.LoopConfig[delivery]{
+		Handler:   func(ctx context.Context, d delivery) error { return handler(ctx, d.msg) },
+		DelaysNak: true, // NakWithDelay
+		Name:      "idemjetstream",
+		LogAttrs: func(d delivery) []slog.Attr {
+			return []slog.Attr{slog.String("subject", d.msg.Subject()), slog.String("id", d.msg.Headers().Get(nats.MsgIdHdr))}
+		},
 	}
 	if config != nil {
 		if config.KeyFunc != nil {
 			c.keyFunc = config.KeyFunc
 		}
-		if config.Logger != nil {
-			c.logger = config.Logger
+		lc.Logger = config.Logger
+		if observe := config.ObserveFunc; observe != nil {
+			lc.ObserveFunc = func(d delivery, dec ideminbox.Decision, err error) { observe(d.msg, dec, err) }
 		}
-		c.observe = config.ObserveFunc
 		c.progress = config.ProgressInterval
 	}
+	loop, err := ideminbox.NewLoop(inbox, lc)
+	if err != nil {
+		return nil, err
+	}
+	c.loop = loop
 	return c, nil
 }
+
+// delivery is a JetStream message as the inbox's delivery loop settles it.
+type delivery struct {
+	msg     jetstream.Msg
+	keyFunc func(jetstream.Msg) (string, error)
+}
+
+func (d delivery) Message() (ideminbox.Message, error) {
+	id, err := d.keyFunc(d.msg)
+	if err != nil {
+		return ideminbox.Message{}, err
+	}
+	m := ideminbox.Message{ID: id, Subject: d.msg.Subject(), Data: d.msg.Data(), Raw: d.msg}
+	if md, err := d.msg.Metadata(); err == nil {
+		m.Attempt = int(min(md.NumDelivered, 1<<31-1))
+	}
+	return m, nil
+}
+
+func (d delivery) Ack() error { return d.msg.Ack() }
+
+func (d delivery) Nak(delay time.Duration) error {
+	if delay > 0 {
+		return d.msg.NakWithDelay(delay)
+	}
+	return d.msg.Nak()
+}
+
+// Term hands a message that cannot be keyed to the server's advisories
+// instead of running it unprotected or redelivering it forever.
+func (d delivery) Term() error       { return d.msg.Term() }
+func (d delivery) InProgress() error { return d.msg.InProgress() }
 
 // DefaultKey returns the message's Nats-Msg-Id header or, when it has
 // none, "<stream>:<stream sequence>:<time stored, Unix nanoseconds>". The
@@ -202,84 +241,8 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (ideminbox.Dec
 	if !ok {
 		return ideminbox.Decision{}, fmt.Errorf("%w: stream %q, consumer %q", ErrNotChecked, md.Stream, md.Consumer)
 	}
-	p := newProgress(every)
-	defer p.close()
-	p.add(msg)
-	d, err := c.process(ctx, ctx, msg, true)
-	p.remove(msg)
-	return d, errors.Join(err, c.settle(msg, d))
+	return c.loop.WithProgressInterval(every).Handle(ctx, delivery{msg, c.keyFunc})
 }
-
-// process runs msg through the inbox with work as the handler's context,
-// holding it in place while the store is down (and, when inPlace, while
-// its key is in flight elsewhere) until ctx ends. It settles nothing but a
-// message that cannot be keyed (Term).
-func (c *Consumer) process(work, ctx context.Context, msg jetstream.Msg, inPlace bool) (ideminbox.Decision, error) {
-	id, err := c.keyFunc(msg)
-	if err != nil {
-		// Without a key the message cannot be processed safely; Term hands
-		// it to the server's advisories instead of running it unprotected
-		// or redelivering it forever.
-		return ideminbox.Decision{Action: ideminbox.Reject}, err
-	}
-	m := ideminbox.Message{ID: id, Subject: msg.Subject(), Data: msg.Data(), Raw: msg}
-	if md, err := msg.Metadata(); err == nil {
-		m.Attempt = int(min(md.NumDelivered, 1<<31-1))
-	}
-	for {
-		d, err := c.inbox.Process(work, m, func(ctx context.Context) error { return c.handler(ctx, msg) })
-		if c.observe != nil {
-			c.observe(msg, d, err)
-		}
-		if d.Action != ideminbox.Hold {
-			return d, err
-		}
-		c.log(ctx, msg, d, err)
-		switch {
-		case d.AwaitsStore(err):
-			if c.inbox.AwaitStore(ctx) != nil {
-				return d, err
-			}
-		case !inPlace:
-			return d, err
-		default:
-			if !sleep(ctx, d.Delay) {
-				return d, err
-			}
-		}
-	}
-}
-
-// settle tells the server the decision; a Hold, when it ends here (the
-// caller is stopping), is given back at once.
-func (c *Consumer) settle(msg jetstream.Msg, d ideminbox.Decision) error {
-	var err error
-	switch d.Action {
-	case ideminbox.Ack, ideminbox.AckDuplicate, ideminbox.AckPoison:
-		err = msg.Ack()
-	case ideminbox.Nack:
-		if d.Delay > 0 {
-			err = msg.NakWithDelay(d.Delay)
-		} else {
-			err = msg.Nak()
-		}
-	case ideminbox.Hold:
-		err = msg.Nak()
-	case ideminbox.Reject:
-		err = msg.Term()
-	}
-	if err != nil {
-		// Nothing is lost: the server redelivers after AckWait, and the
-		// inbox recognises the message if it was processed.
-		return fmt.Errorf("idemjetstream: %s: %w", d.Action, err)
-	}
-	return nil
-}
-
-// maxAside bounds the messages one Consume call holds aside while their
-// keys are in flight elsewhere; past it, it fetches no new message until
-// one of them is settled.
-const maxAside = 64
 
 // Consume processes the messages of cons until ctx ends, then stops
 // fetching, lets the message in hand finish, gives back the ones it holds
@@ -306,83 +269,14 @@ func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer) error {
 		return err
 	}
 
-	p := newProgress(every)
-	defer p.close()
-	// A message in hand when ctx ends still runs to its commit and its
-	// ack: cancelling it would only waste the work and cause a redelivery.
-	work := context.WithoutCancel(ctx)
-
-	fetchCtx, stopFetch := context.WithCancel(ctx)
-	defer stopFetch()
-	fetched := make(chan jetstream.Msg)
-	fetchEnd := make(chan error, 1)
-	go func() { fetchEnd <- fetch(fetchCtx, cons, p, fetched) }()
-
-	// Messages held aside come back through due when their delay is over,
-	// or are given back when Consume returns.
-	due := make(chan jetstream.Msg)
-	stopAside := make(chan struct{})
-	var aside sync.WaitGroup
-	held := 0
-	defer func() {
-		close(stopAside)
-		aside.Wait()
-	}()
-	holdAside := func(msg jetstream.Msg, delay time.Duration) {
-		held++
-		aside.Add(1)
-		go func() {
-			defer aside.Done()
-			t := time.NewTimer(delay)
-			defer t.Stop()
-			select {
-			case <-t.C:
-				select {
-				case due <- msg:
-					return
-				case <-stopAside:
-				}
-			case <-stopAside:
-			}
-			p.remove(msg)
-			_ = msg.Nak()
-		}()
+	err = c.loop.WithProgressInterval(every).Consume(ctx, func(ctx context.Context) (delivery, error) {
+		msg, err := fetch(ctx, cons)
+		return delivery{msg, c.keyFunc}, err
+	})
+	if err != nil {
+		return errors.Join(ErrClosed, err)
 	}
-
-	run := func(msg jetstream.Msg) {
-		d, err := c.process(work, ctx, msg, false)
-		if d.Action == ideminbox.Hold && ctx.Err() == nil {
-			holdAside(msg, d.Delay)
-			return
-		}
-		p.remove(msg)
-		err = errors.Join(err, c.settle(msg, d))
-		if d.Action != ideminbox.Hold {
-			c.log(ctx, msg, d, err)
-		}
-	}
-	for {
-		next := fetched
-		if held >= maxAside {
-			next = nil
-		}
-		select {
-		case <-ctx.Done():
-			stopFetch()
-			<-fetchEnd
-			return nil
-		case err := <-fetchEnd:
-			if ctx.Err() != nil {
-				return nil
-			}
-			return errors.Join(ErrClosed, err)
-		case msg := <-next:
-			run(msg)
-		case msg := <-due:
-			held--
-			run(msg)
-		}
-	}
+	return nil
 }
 
 // fetchRetry is the pause after a failed fetch before the next one.
@@ -393,43 +287,42 @@ const fetchRetry = 250 * time.Millisecond
 // how long Consume takes to notice.
 const fetchWait = 2 * time.Second
 
-// fetch pulls one message at a time and hands each to out, reporting it
-// in progress from its arrival, until ctx ends (nil) or the consumer or
-// the connection is gone (their error). A message it cannot hand over
-// because ctx ended is given back.
-func fetch(ctx context.Context, cons jetstream.Consumer, p *progress, out chan<- jetstream.Msg) error {
+// fetch pulls until it gets one message, and returns it, or until ctx
+// ends (ctx's error) or the consumer or the connection is gone (their
+// error). It pulls one message at a time: a message never waits in a
+// client buffer, where its AckWait would run out unreported.
+func fetch(ctx context.Context, cons jetstream.Consumer) (jetstream.Msg, error) {
 	for {
 		pull, cancel := context.WithTimeout(ctx, fetchWait)
 		batch, err := cons.Fetch(1, jetstream.FetchContext(pull))
 		if err == nil {
 			for msg := range batch.Messages() {
-				p.add(msg)
-				select {
-				case out <- msg:
-				case <-ctx.Done():
-					p.remove(msg)
-					_ = msg.Nak()
-				}
+				cancel()
+				return msg, nil
 			}
 			err = batch.Error()
 		}
 		cancel()
 		if ctx.Err() != nil {
-			return nil
+			return nil, ctx.Err()
 		}
 		if err == nil {
 			continue
 		}
 		if closed(err) {
-			return err
+			return nil, err
 		}
 		// A pull that failed otherwise (a reconnection, a timeout): make
 		// sure the consumer still exists before pulling again.
 		if _, ierr := cons.Info(ctx); ierr != nil && closed(ierr) {
-			return ierr
+			return nil, ierr
 		}
-		if !sleep(ctx, fetchRetry) {
-			return nil
+		t := time.NewTimer(fetchRetry)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
 		}
 	}
 }
@@ -444,91 +337,3 @@ func closed(err error) bool {
 // ending: the consumer was deleted, or the connection closed. Messages not
 // acknowledged are redelivered after AckWait, to this or another instance.
 var ErrClosed = errors.New("idemjetstream: the consumption was closed (consumer deleted or connection closed)")
-
-// sleep waits d, or until ctx ends, and reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// progress reports the messages it holds in progress every interval, until
-// they are removed. The reports are best effort: one that fails leaves the
-// server to redeliver after AckWait, which the inbox handles.
-type progress struct {
-	every time.Duration
-	mu    sync.Mutex // held while reporting, so that no report follows a removal
-	msgs  map[jetstream.Msg]struct{}
-	stop  chan struct{}
-	done  chan struct{}
-}
-
-func newProgress(every time.Duration) *progress {
-	p := &progress{every: every, msgs: make(map[jetstream.Msg]struct{}), stop: make(chan struct{}), done: make(chan struct{})}
-	if every <= 0 {
-		close(p.done)
-		return p
-	}
-	go p.report()
-	return p
-}
-
-func (p *progress) report() {
-	defer close(p.done)
-	t := time.NewTicker(p.every)
-	defer t.Stop()
-	for {
-		select {
-		case <-p.stop:
-			return
-		case <-t.C:
-			p.mu.Lock()
-			for msg := range p.msgs {
-				_ = msg.InProgress()
-			}
-			p.mu.Unlock()
-		}
-	}
-}
-
-func (p *progress) add(msg jetstream.Msg) {
-	p.mu.Lock()
-	p.msgs[msg] = struct{}{}
-	p.mu.Unlock()
-}
-
-// remove stops the reports for msg; none is sent after it returns.
-func (p *progress) remove(msg jetstream.Msg) {
-	p.mu.Lock()
-	delete(p.msgs, msg)
-	p.mu.Unlock()
-}
-
-func (p *progress) close() {
-	close(p.stop)
-	<-p.done
-}
-
-func (c *Consumer) log(ctx context.Context, msg jetstream.Msg, d ideminbox.Decision, err error) {
-	if err == nil {
-		return
-	}
-	level := slog.LevelWarn
-	switch {
-	case d.Action == ideminbox.Reject || d.Action == ideminbox.AckPoison:
-		level = slog.LevelError
-	case d.Action == ideminbox.Hold && errors.Is(err, idem.ErrInFlight):
-		level = slog.LevelInfo
-	}
-	c.logger.Log(ctx, level, "idemjetstream: message not processed",
-		slog.String("subject", msg.Subject()), slog.String("id", msg.Headers().Get(nats.MsgIdHdr)),
-		slog.String("decision", d.Action.String()), slog.Duration("delay", d.Delay), slog.Any("error", err))
-}

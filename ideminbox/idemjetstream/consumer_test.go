@@ -112,7 +112,6 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 	}
 	t.Cleanup(nc.Close)
 	ic := ideminbox.Config{
-		Store:          be.b.NewStore(t),
 		Consumer:       "projector",
 		Logger:         quiet,
 		MaxAttempts:    5,
@@ -122,7 +121,7 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 	if mod != nil {
 		mod(&ic)
 	}
-	inbox, err := ideminbox.NewInbox(&ic)
+	inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, be.b.NewStore(t)), &ic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -486,7 +485,7 @@ func TestDefaultKey(t *testing.T) {
 func TestConsumeRefusesLowMaxDeliver(t *testing.T) {
 	b := inboxtest.Mem(t)
 	be := newBench(t, b, jetstream.ConsumerConfig{MaxDeliver: 3})
-	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", MaxAttempts: 3})
+	inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, b.NewStore(t)), &ideminbox.Config{Consumer: "projector", MaxAttempts: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -516,7 +515,7 @@ func TestConsumeReturnsWhenClosed(t *testing.T) {
 		for _, end := range []string{"consumer deleted", "connection closed"} {
 			t.Run(end, func(t *testing.T) {
 				be := newBench(t, b, jetstream.ConsumerConfig{})
-				inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+				inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, b.NewStore(t)), &ideminbox.Config{Consumer: "projector", Logger: quiet})
 				if err != nil {
 					t.Fatal(err)
 				}

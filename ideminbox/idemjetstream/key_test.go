@@ -36,7 +36,7 @@ func TestDefaultKeyAcrossStreamIncarnations(t *testing.T) {
 				srv = inboxtest.StartNATS(t)
 				url = srv.URL()
 			}
-			inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+			inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, b.NewStore(t)), &ideminbox.Config{Consumer: "projector", Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -79,7 +79,7 @@ func TestCrashingConsumerProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+	inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, b.NewStore(t)), &ideminbox.Config{Consumer: "projector", Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestCrashLoopEndsAsPoison(t *testing.T) {
 			break
 		}
 		be.drained()
-		inbox, err := ideminbox.NewInbox(&ideminbox.Config{Store: b.NewStore(t), Consumer: "projector", Logger: quiet})
+		inbox, err := ideminbox.NewInbox(inboxtest.Engine(t, b.NewStore(t)), &ideminbox.Config{Consumer: "projector", Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +176,7 @@ func TestCrashLoopConsumerProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inbox, err := ideminbox.NewInbox(&ideminbox.Config{Engine: engine, Consumer: "projector", Logger: quiet,
+	inbox, err := ideminbox.NewInbox(engine, &ideminbox.Config{Consumer: "projector", Logger: quiet,
 		MaxAttempts: crashLoopMaxAttempts, InFlightDelay: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -119,6 +119,12 @@ type store struct {
 	// orders counts the orders the iterations so far must have left: one
 	// per iteration, exactly.
 	orders int
+	// serveArgs are added to every `idem serve` of the store
+	// (--single-transaction).
+	serveArgs []string
+	// single: the server claims inside the order's transaction, so a kill
+	// before the commit leaves nothing at all.
+	single bool
 }
 
 func openSQLite(t *testing.T) *store {
@@ -260,6 +266,15 @@ func (st *store) crashOnce(t *testing.T, point string, i int, s *stats) {
 	committedID := ""
 	switch point {
 	case "after-claim", "after-write":
+		if st.single {
+			// The claim, the order and the record are one transaction,
+			// which PostgreSQL rolled back when the process's
+			// connection died: nothing is left, not even a record.
+			if at.state != "" || len(at.orderIDs) != 0 {
+				t.Errorf("%s: after the kill %s in the single-transaction mode: record %q, orders %v; want neither", key, point, at.state, at.orderIDs)
+			}
+			break
+		}
 		// The claim committed on its own; the transaction of the handler
 		// (and, after-write, its order) died uncommitted.
 		if at.state != "in_flight" || len(at.orderIDs) != 0 {
@@ -402,7 +417,7 @@ func (st *store) start(t *testing.T, faultEnv ...string) *proc {
 	// The port was free a moment ago, but the kernel may have lent it to
 	// an outgoing connection meanwhile: try again rather than fail.
 	for try := 0; ; try++ {
-		p := launch(t, st.bin, env, "serve", "--addr", st.addr, "--db", st.dbArg, "--lease", lease)
+		p := launch(t, st.bin, env, append([]string{"serve", "--addr", st.addr, "--db", st.dbArg, "--lease", lease}, st.serveArgs...)...)
 		select {
 		case p.addr = <-p.ready:
 			return p

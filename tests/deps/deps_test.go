@@ -116,3 +116,21 @@ func TestPostgreSQLGetsPgxOnly(t *testing.T) {
 	}
 	t.Logf("modules:\n%s\nlinked:\n%s", modules, linked)
 }
+
+// A program that imports idemconnect links Connect and protobuf, never
+// grpc-go: the RPC core it shares with idemgrpc (idemgrpc/idemrpc)
+// imports protobuf and the google.rpc types only.
+func TestConnectLinksNoGRPC(t *testing.T) {
+	dir := program(t, []string{"github.com/idem-go/idem/idemconnect"}, []string{".", "idemconnect", "idemgrpc"})
+	gocmd(t, dir, nil, "mod", "tidy")
+	bin := filepath.Join(t.TempDir(), "user")
+	gocmd(t, dir, nil, "build", "-o", bin, ".")
+	linked := gocmd(t, dir, nil, "version", "-m", bin)
+	if strings.Contains(linked, "google.golang.org/grpc") {
+		t.Errorf("the binary links grpc-go:\n%s", linked)
+	}
+	if !strings.Contains(linked, "connectrpc.com/connect") {
+		t.Errorf("the binary does not link Connect:\n%s", linked)
+	}
+	t.Logf("linked:\n%s", linked)
+}

@@ -96,7 +96,11 @@ func TestMiddlewareSpacesC1(t *testing.T) {
 // so that the record can be written and read back.
 func TestInboxEscapesC1(t *testing.T) {
 	store := sqliteStore(t)
-	in, err := ideminbox.NewInbox(&ideminbox.Config{Store: store, Consumer: "c", MaxAttempts: 1})
+	engine, err := idem.NewEngine(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := ideminbox.NewInbox(engine, &ideminbox.Config{Consumer: "c", MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,12 @@
 // fresh key per request; (c) the same route replaying completed keys; (d)
 // a naive check-then-write; with -onetx, (e) a claim inside the business
 // transaction, for comparison; with -variant, (b') route (b) on a schema
-// altered by the given SQL.
+// altered by the given SQL; with -single, (f) and (g), idem in the
+// single-transaction mode (fresh keys, replays); with -writeonce, (w), the
+// record written once with no lock, the unique index deciding; with
+// -realistic, (ra), (rb) and (rf), a handler of three statements and 1 ms
+// of waiting, bare, behind idem, and behind idem in the single-transaction
+// mode, their ratios taken against (ra).
 //
 // Clients drive every scenario for a fixed duration per round, in slices
 // that alternate between the scenarios, and every figure is reported as a
@@ -77,7 +82,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	variantClaimConcurrency := fs.Int("variant-claim-concurrency", 0, "idempg.Config.ClaimConcurrency of (b'); setting it adds (b') even without -variant")
 	variantClaimBatch := fs.Int("variant-claim-batch", 0, "idempg.Config.ClaimBatchSize of (b'); setting it adds (b') even without -variant")
 	withOneTx := fs.Bool("onetx", false, "also measure (e), a claim inside the business transaction (not idem's design), fresh keys and duplicate pairs")
-	only := fs.String("only", "", "comma-separated scenarios to run (a,b,b',c,d), for profiling one of them; default all")
+	withSingle := fs.Bool("single", false, "also measure (f) and (g): idem in the single-transaction mode (idempg Config.SingleTransaction), fresh keys and replays, and its duplicate pairs")
+	withWriteOnce := fs.Bool("writeonce", false, "also measure (w): the record written once without a lock, the unique index deciding between duplicates (not idem's design), and its duplicate pairs")
+	withRealistic := fs.Bool("realistic", false, "also measure (ra), (rb) and, with -single, (rf): a handler of three statements and 1 ms of waiting, bare and behind idem; their ratios are against (ra)")
+	only := fs.String("only", "", "comma-separated scenarios to run (a,b,b',c,d, and e,f,g,w,ra,rb,rf with their flags), for profiling one of them or comparing a few; default all")
 	costRuns := fs.Int("cost", 2000, "runs of each piece in the serial cost measurement; 0 skips it")
 	profile := fs.String("cpuprofile", "", "file for a CPU profile of the measured rounds, labelled by route (server) and scenario (clients): go tool pprof -tagfocus route=/idem/orders")
 	if err := fs.Parse(args); err != nil {
@@ -99,8 +107,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		db, err = openDatabase(ctx, *dbURL, *conns, "", *rtt)
 	} else {
 		// The pgx-only measurements have no database/sql counterpart.
-		if *variantSQL != "" || *variantClaimBatch != 0 || *variantClaimConcurrency != 0 || *withOneTx || *rtt != 0 {
-			return errors.New("-variant, -variant-claim-*, -onetx and -rtt measure idempg: use them with -store postgres")
+		if *variantSQL != "" || *variantClaimBatch != 0 || *variantClaimConcurrency != 0 || *withOneTx || *withSingle || *withWriteOnce || *withRealistic || *rtt != 0 {
+			return errors.New("-variant, -variant-claim-*, -onetx, -single, -writeonce, -realistic and -rtt measure idempg: use them with -store postgres")
 		}
 		*costRuns = 0
 		if *store == "sqlite" {
@@ -156,6 +164,18 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if *withOneTx {
 		b.scenarios = append(b.scenarios, oneTxScenario)
 	}
+	if *withSingle {
+		b.scenarios = append(b.scenarios, singleScenarios...)
+	}
+	if *withWriteOnce {
+		b.scenarios = append(b.scenarios, writeOnceScenario)
+	}
+	if *withRealistic {
+		b.scenarios = append(b.scenarios, realisticScenarios[:2]...)
+		if *withSingle {
+			b.scenarios = append(b.scenarios, realisticScenarios[2])
+		}
+	}
 	if *only != "" {
 		ids := strings.Split(*only, ",")
 		b.scenarios = slices.DeleteFunc(b.scenarios, func(sc scenario) bool { return !slices.Contains(ids, sc.id) })
@@ -202,6 +222,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 			pairScenarios := []scenario{scenarioByID("d"), scenarioByID("b")}
 			if *withOneTx {
 				pairScenarios = append(pairScenarios, oneTxScenario)
+			}
+			if *withSingle {
+				pairScenarios = append(pairScenarios, singleScenarios[0])
+			}
+			if *withWriteOnce {
+				pairScenarios = append(pairScenarios, writeOnceScenario)
 			}
 			for _, sc := range pairScenarios {
 				d, err := b.runPairs(ctx, sc, r, *dup)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -87,18 +88,20 @@ func us(d time.Duration) string { return fmt.Sprintf("%d µs", d.Microseconds())
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
 
-// baseline returns the throughput of (a) in round r: every ratio is
-// against the bare handler measured in the same round.
-func baseline(phases []*phase, r int) float64 {
-	if a := roundBaseline(phases, r); a != nil {
+// baseline returns the throughput of p's baseline in p's round: every
+// ratio is against the bare handler (or the scenario's base) measured in
+// the same round.
+func baseline(phases []*phase, p *phase) float64 {
+	if a := roundBaseline(phases, p); a != nil {
 		return a.throughput()
 	}
 	return 0
 }
 
-func roundBaseline(phases []*phase, r int) *phase {
+func roundBaseline(phases []*phase, of *phase) *phase {
+	base := cmp.Or(of.scenario.base, "a")
 	for _, p := range phases {
-		if p.round == r && p.scenario.id == "a" {
+		if p.round == of.round && p.scenario.id == base {
 			return p
 		}
 	}
@@ -111,7 +114,7 @@ func roundBaseline(phases []*phase, r int) *phase {
 // throughput ratio also depends on how much CPU the other tenants leave
 // each scenario, which varies with how many threads it keeps runnable.
 func cpuRatio(phases []*phase, p *phase) float64 {
-	a := roundBaseline(phases, p.round)
+	a := roundBaseline(phases, p)
 	if a == nil {
 		return 0
 	}
@@ -160,7 +163,7 @@ func writeReport(w io.Writer, m machine, b *bench, rounds, conns int, slice time
 				continue
 			}
 			rps = append(rps, p.throughput())
-			ratios = append(ratios, p.throughput()/baseline(phases, p.round))
+			ratios = append(ratios, p.throughput()/baseline(phases, p))
 			cpuRatios = append(cpuRatios, cpuRatio(phases, p))
 			trips = append(trips, p.perRequest(p.writes))
 			p50 = append(p50, p.percentile(0.50))
@@ -186,7 +189,7 @@ func writeReport(w io.Writer, m machine, b *bench, rounds, conns int, slice time
 		u := p.cpuUse()
 		fmt.Fprintf(w, "| %d | (%s) | %d | %.0f | %s | %s | %.2f | %.2f | %.2f | %s | %s | %.0f%% | %.0f%% | %s |\n", p.round, p.scenario.id,
 			p.requests, p.throughput(), ms(p.percentile(0.50)), ms(p.percentile(0.99)),
-			p.throughput()/baseline(phases, p.round), p.perRequest(p.writes), p.perRequest(p.reads), us(u.selfPerReq), us(u.pgPerReq),
+			p.throughput()/baseline(phases, p), p.perRequest(p.writes), p.perRequest(p.reads), us(u.selfPerReq), us(u.pgPerReq),
 			100*u.machineBusy, 100*u.otherBusy, statuses(p))
 	}
 	fmt.Fprintf(w, "\n</details>\n\n")

@@ -23,6 +23,9 @@ type scenario struct {
 	name   string
 	route  string
 	replay bool // every request reuses a completed key
+	// base is the id of the scenario its ratios are taken against; ""
+	// means (a), the bare handler.
+	base string
 }
 
 var baseScenarios = []scenario{
@@ -182,19 +185,24 @@ func (b *bench) round(ctx context.Context, r int, duration, slice time.Duration)
 	}
 	// One completed key per client, made before the clock starts, so that
 	// every measured replay request is a replay.
-	var replayKeys []string
-	if slices.ContainsFunc(b.scenarios, func(sc scenario) bool { return sc.replay }) {
-		replayKeys = make([]string, b.clients)
-	}
-	for i := range replayKeys {
-		replayKeys[i] = fmt.Sprintf("replay-%s-r%d-%d", b.runID, r, i)
-		status, _, err := b.post(ctx, routeIdem, replayKeys[i])
-		if err != nil {
-			return nil, err
+	// Per route: each replay scenario replays keys its own route made.
+	replayKeys := map[string][]string{}
+	for _, sc := range b.scenarios {
+		if !sc.replay || replayKeys[sc.route] != nil {
+			continue
 		}
-		if status != http.StatusCreated {
-			return nil, fmt.Errorf("preparing replay key: status %d", status)
+		keys := make([]string, b.clients)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("replay-%s-r%d-%d-%s", b.runID, r, i, sc.id)
+			status, _, err := b.post(ctx, sc.route, keys[i])
+			if err != nil {
+				return nil, err
+			}
+			if status != http.StatusCreated {
+				return nil, fmt.Errorf("preparing replay key: status %d", status)
+			}
 		}
+		replayKeys[sc.route] = keys
 	}
 	n := max(int(duration/slice), 1)
 	for s := range n {
@@ -202,7 +210,7 @@ func (b *bench) round(ctx context.Context, r int, duration, slice time.Duration)
 			p := phases[(i+s+r)%len(phases)]
 			var keys []string
 			if p.scenario.replay {
-				keys = replayKeys
+				keys = replayKeys[p.scenario.route]
 			}
 			if err := b.slice(ctx, p, keys, duration/time.Duration(n)); err != nil {
 				return nil, err

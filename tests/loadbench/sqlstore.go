@@ -502,7 +502,7 @@ func writeSQLReport(w io.Writer, m machine, b *bench, rounds, conns int, slice t
 				continue
 			}
 			rps = append(rps, p.throughput())
-			ratios = append(ratios, p.throughput()/baseline(phases, p.round))
+			ratios = append(ratios, p.throughput()/baseline(phases, p))
 			stmts = append(stmts, p.perRequest(p.writes))
 			prepares = append(prepares, p.perRequest(p.reads))
 			p50 = append(p50, p.percentile(0.50))
@@ -525,7 +525,7 @@ func writeSQLReport(w io.Writer, m machine, b *bench, rounds, conns int, slice t
 		u := p.cpuUse()
 		fmt.Fprintf(w, "| %d | (%s) | %d | %.0f | %s | %s | %.2f | %.2f | %.2f | %s | %.0f%% | %s |\n", p.round, p.scenario.id,
 			p.requests, p.throughput(), ms(p.percentile(0.50)), ms(p.percentile(0.99)),
-			p.throughput()/baseline(phases, p.round), p.perRequest(p.writes), p.perRequest(p.reads), us(u.selfPerReq),
+			p.throughput()/baseline(phases, p), p.perRequest(p.writes), p.perRequest(p.reads), us(u.selfPerReq),
 			100*u.machineBusy, statuses(p))
 	}
 	fmt.Fprintf(w, "\n</details>\n\n")

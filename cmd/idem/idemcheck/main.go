@@ -198,6 +198,22 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *settle <= 0 {
 		return fail("--settle must be positive, got %v; %s", *settle, usageShort)
 	}
+	// The flags by the names the user typed: the Config's own checks name
+	// its fields, and take a zero for "the default".
+	switch {
+	case *n < 2:
+		return fail("-n must be at least 2 (identical requests at once), got %d; %s", *n, usageShort)
+	case *concurrency < 1:
+		return fail("--concurrency must be at least 1, got %d; %s", *concurrency, usageShort)
+	case *timeout <= 0:
+		return fail("--timeout must be positive, got %v; %s", *timeout, usageShort)
+	case *duration <= 0:
+		return fail("--duration must be positive, got %v; %s", *duration, usageShort)
+	case *disconnectAfter < 0:
+		return fail("--disconnect-after must not be negative, got %v; %s", *disconnectAfter, usageShort)
+	case *inFlightWait <= 0:
+		return fail("--in-flight-wait must be positive, got %v; %s", *inFlightWait, usageShort)
+	}
 	body := []byte(*data)
 	if strings.HasPrefix(*data, "@") {
 		b, err := os.ReadFile((*data)[1:])

@@ -88,6 +88,8 @@ func commands() []command {
 		{name: "migrate", summary: "create or update the idempotency records table", run: runMigrate},
 		{name: "purge", summary: "delete idempotency records past their retention, once", run: runPurge},
 		{name: "inspect", summary: "print the idempotency record of one key: state, lease, stored answer", run: runInspect},
+		{name: "keys", summary: "list the idempotency records, release a key in flight, forget a completed one", run: runKeys},
+		{name: "console", summary: "serve the operator console: records by state, keys, release and forget", run: runConsole},
 		{name: "check", summary: "fire identical requests with one key at a live API and verify one effect", main: runCheck},
 		{name: "version", summary: "print the version of idem", run: runVersion},
 	}
@@ -127,6 +129,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "-h", "-help", "--help", "help":
 		printMainHelp(stdout)
 		return ExitOK
+	case "-version", "--version":
+		name = "version"
+		args = append([]string{name}, args[1:]...)
 	}
 	for _, c := range commands() {
 		if c.name != name {
@@ -149,7 +154,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return ExitFailure
 	}
-	fmt.Fprintf(stderr, "idem: unknown command %s (run \"idem --help\" for the list)\n", quoteArg(name))
+	fmt.Fprintln(stderr, unknownCommand(name))
 	return ExitUsage
 }
 
@@ -190,8 +195,7 @@ func parseFlags(fs *flag.FlagSet, help string, args []string, stdout io.Writer) 
 			printFlags(stdout, fs)
 			return flag.ErrHelp
 		}
-		// The flag package names flags with one dash; the help uses two.
-		return &usageError{msg: strings.Replace(err.Error(), " -", " --", 1)}
+		return flagParseError(fs, err)
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %s (run \"idem %s --help\")", quoteArg(fs.Arg(0)), fs.Name())

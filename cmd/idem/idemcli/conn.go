@@ -61,6 +61,7 @@ func openDB(ctx context.Context, db string, o openOptions) (*conn, error) {
 		}
 		c.db = db
 	case dialectMySQL:
+		silenceMySQL()
 		db, err := sql.Open("mysql", target.dsn)
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", target.describe(), err)
@@ -75,9 +76,14 @@ func openDB(ctx context.Context, db string, o openOptions) (*conn, error) {
 	default:
 		return nil, fmt.Errorf("unknown database %q", target.dialect)
 	}
-	if err := c.ping(ctx); err != nil {
+	pctx, cancel := reachContext(ctx)
+	defer cancel()
+	if err := c.ping(pctx); err != nil {
 		c.Close() //nolint:errcheck // the ping error is the one to report
-		return nil, fmt.Errorf("cannot reach %s: %s", target.describe(), target.redact(err.Error()))
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("cannot reach %s: no answer in %s from a server that accepted the connection (is it a %s server?)", target.describe(), reachTimeout, target.dialect)
+		}
+		return nil, fmt.Errorf("cannot reach %s: %s", target.describe(), target.redact(pgConnectError(err)))
 	}
 	return c, nil
 }
@@ -161,12 +167,38 @@ func (c *conn) useRedis(ctx context.Context, rawURL string, cfg *idemredis.Confi
 	if err != nil {
 		return nil, err
 	}
-	quietRedisOnce.Do(func() { redis.SetLogger(quietRedis{}) })
-	c.rdb = redis.NewClient(opts)
-	if err := c.rdb.Ping(ctx).Err(); err != nil {
-		return nil, fmt.Errorf("cannot reach Redis at %s: %s", opts.Addr, redactURL(err.Error(), rawURL))
+	if c.rdb == nil {
+		rdb, err := dialRedis(ctx, opts, rawURL)
+		if err != nil {
+			return nil, err
+		}
+		c.rdb = rdb
 	}
 	return idemredis.NewStore(c.rdb, cfg)
+}
+
+// dialRedis connects to Redis and checks that it answers, before anything
+// else is opened: a --keys that fails must leave nothing behind (no SQLite
+// file created for --db).
+func dialRedis(ctx context.Context, opts *redis.Options, rawURL string) (*redis.Client, error) {
+	quietRedisOnce.Do(func() { redis.SetLogger(quietRedis{}) })
+	rdb := redis.NewClient(opts)
+	err := rdb.Ping(ctx).Err()
+	if err == nil {
+		return rdb, nil
+	}
+	rdb.Close() //nolint:errcheck // the ping's error is the one to report
+	msg := redactURL(err.Error(), rawURL)
+	var serverErr redis.Error
+	if errors.As(err, &serverErr) {
+		// Redis answered: it was reached, and refused. A database number
+		// past its "databases" setting is the usual one.
+		if strings.Contains(msg, "DB index is out of range") {
+			return nil, fmt.Errorf("--keys: Redis at %s has no database %d (out of range: it has 16 unless its \"databases\" setting says otherwise; try /0)", opts.Addr, opts.DB)
+		}
+		return nil, fmt.Errorf("--keys: Redis at %s refused the connection's setup: %s", opts.Addr, msg)
+	}
+	return nil, fmt.Errorf("cannot reach Redis at %s: %s", opts.Addr, msg)
 }
 
 // quietRedis drops what go-redis logs. go-redis writes its connection

@@ -186,7 +186,11 @@ func (t dbTarget) describe() string {
 		return "postgres"
 	case dialectMySQL:
 		if cfg, err := mysql.ParseDSN(t.dsn); err == nil {
-			return fmt.Sprintf("mysql://%s@%s/%s", cfg.User, cfg.Addr, cfg.DBName)
+			user := cfg.User
+			if cfg.Passwd != "" {
+				user += ":xxxxx"
+			}
+			return fmt.Sprintf("mysql://%s@%s/%s", user, cfg.Addr, cfg.DBName)
 		}
 		return "mysql"
 	}

@@ -33,6 +33,7 @@ func ExampleMain() {
 	// Output:
 	// applied: 0001_idem_keys
 	// applied: 0003_idem_steps
+	// applied: 0006_idem_keys_list
 	// exit 0
 	// up to date
 	// exit 0

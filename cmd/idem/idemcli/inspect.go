@@ -20,7 +20,6 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/demo"
 	"github.com/idem-go/idem/ideminbox"
-	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/internal/fieldtext"
 )
 
@@ -81,7 +80,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&opts.Tenant, "tenant", defaultTenant, "the `tenant` of the key (the demo's: the Bearer name)")
 	fs.StringVar(&opts.Consumer, "consumer", "", "the ideminbox consumer `name` whose message id KEY is (instead of --tenant)")
 	fs.StringVar(&opts.DB, "db", DefaultDB, dbFlagHelp)
-	fs.StringVar(&opts.Keys, "keys", "", "read the record from Redis at this redis:// `URL` instead of --db")
+	fs.StringVar(&opts.Keys, "keys", "", "read the record from Redis at this redis:// `URL` (or DynamoDB: dynamodb://TABLE?…) instead of --db")
 	fs.BoolVar(&opts.JSON, "json", false, "print the record as one JSON object")
 	fs.BoolVar(&opts.FullBody, "full-body", false, "print the whole stored body, not its first 1 KiB")
 	if err := parseFlags(fs, inspectHelp, args, stdout); err != nil {
@@ -116,7 +115,7 @@ func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 	if opts.Keys != "" {
 		cn := &conn{}
 		defer cn.Close() //nolint:errcheck // nothing was written
-		rs, err := cn.useRedis(ctx, opts.Keys, &idemredis.Config{Logger: c.logger()})
+		rs, err := cn.useKeys(ctx, opts.Keys, c.logger(), false)
 		if err != nil {
 			return err
 		}
@@ -136,7 +135,7 @@ func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 		return fmt.Errorf("%w for key %s under tenant %s (never used, released after a failure, or purged)", errNoRecord, strconv.Quote(key), strconv.Quote(tenant))
 	}
 	if err != nil {
-		return fmt.Errorf("read the record: %w", err)
+		return fmt.Errorf("read the record: %w", notMigrated(err))
 	}
 	now := time.Now()
 	if c.Now != nil {

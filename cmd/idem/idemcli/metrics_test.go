@@ -3,6 +3,9 @@ package idemcli
 import (
 	"bufio"
 	"bytes"
+	"errors"
+	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"regexp"
@@ -41,10 +44,14 @@ func scrape(t *testing.T, url string) map[string]float64 {
 }
 
 // TestServeMetrics sends a known workload to `idem serve` and reads
-// GET /metrics on the API's address: every count is what the client saw.
+// GET /metrics on --metrics-addr: every count is what the client saw.
 func TestServeMetrics(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
-	p := startServe(t, "idem serve", "--db", "sqlite:"+path)
+	p := startServe(t, "idem serve", "--db", "sqlite:"+path, "--metrics-addr", "127.0.0.1:0")
+	found := metricsAddr.FindStringSubmatch(p.log())
+	if found == nil {
+		t.Fatalf("no metrics listening line:\n%s", p.log())
+	}
 	w := &obsload.Workload{Fresh: 5, Replays: 4, Prefix: "metrics"}
 	n := w.Run(t, func(key, body string) (int, bool) {
 		a := Do(t, Req{Method: "POST", URL: p.url + "/orders", Body: body, Key: key})
@@ -57,7 +64,7 @@ func TestServeMetrics(t *testing.T) {
 	}
 	Do(t, Req{Method: "GET", URL: p.url + "/orders?cart_id=c_1"})
 
-	m := scrape(t, p.url+"/metrics")
+	m := scrape(t, "http://"+found[1]+"/metrics")
 	req := func(outcome string) string {
 		return `idem_requests_total{method="POST",outcome="` + outcome + `",route="/orders"}`
 	}
@@ -115,6 +122,74 @@ func TestServeMetricsAddr(t *testing.T) {
 			t.Fatalf("no purge pass counted:\n%v", m)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	p.stop()
+}
+
+// TestServeNoMetricsByDefault: without --metrics-addr, GET /metrics on
+// the API's address is the API's own 404: no client of the API reads the
+// other tenants' traffic there.
+func TestServeNoMetricsByDefault(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	p := startServe(t, "idem serve", "--db", "sqlite:"+path)
+	if a := Do(t, Req{Method: "GET", URL: p.url + "/metrics"}); a.Status != http.StatusNotFound || strings.Contains(string(a.Body), "idem_") {
+		t.Fatalf("GET /metrics on the API: %s, want the API's 404", a)
+	}
+	if strings.Contains(p.log(), "metrics listening") {
+		t.Fatalf("metrics served without --metrics-addr:\n%s", p.log())
+	}
+	p.stop()
+}
+
+// TestServeMetricsListenerTimeouts: the --metrics-addr listener closes a
+// connection that stalls in its request's body, and one left idle after
+// an answer, as the API's does.
+func TestServeMetricsListenerTimeouts(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	p := startServe(t, "idem serve", "--db", "sqlite:"+path, "--metrics-addr", "127.0.0.1:0",
+		"--read-timeout", "200ms", "--idle-timeout", "200ms")
+	found := metricsAddr.FindStringSubmatch(p.log())
+	if found == nil {
+		t.Fatalf("no metrics listening line:\n%s", p.log())
+	}
+	// closed reports whether the server closes c: a read that ends with
+	// EOF or a reset. The deadline only keeps a failing test from
+	// hanging: without timeouts the server would keep c for ever.
+	closed := func(c net.Conn) bool {
+		_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+		_, err := io.Copy(io.Discard, c)
+		var ne net.Error
+		return !(errors.As(err, &ne) && ne.Timeout())
+	}
+	stalled, err := net.Dial("tcp", found[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalled.Close()
+	// Headers whole, the body announced and never sent: past the header
+	// timeout, only a read timeout ends it.
+	if _, err := stalled.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if !closed(stalled) {
+		t.Error("a connection stalled in its request's body is still open after a minute")
+	}
+	idle, err := net.Dial("tcp", found[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	if _, err := idle.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(idle), nil)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %v, %v", resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if !closed(idle) {
+		t.Error("an idle kept-alive connection is still open after a minute")
 	}
 	p.stop()
 }

@@ -51,6 +51,9 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 // Run applies (or lists) the pending migrations of opts.DB.
 func (c *Migrate) Run(ctx context.Context, opts *MigrateOpts) error {
+	if isDynamoURL(opts.DB) {
+		return c.migrateDynamo(ctx, opts)
+	}
 	// A dry run must not create the SQLite file it looks at.
 	cn, err := openDB(ctx, opts.DB, openOptions{mustExist: opts.DryRun})
 	if err != nil {

@@ -42,7 +42,7 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	opts := PurgeOpts{}
 	fs := flag.NewFlagSet("purge", flag.ContinueOnError)
 	fs.StringVar(&opts.DB, "db", DefaultDB, dbFlagHelp)
-	fs.IntVar(&opts.Batch, "batch", DefaultPurgeBatch, "delete at most `N` records per statement")
+	intVar(fs, &opts.Batch, "batch", DefaultPurgeBatch, "delete at most `N` records per statement")
 	if err := parseFlags(fs, purgeHelp, args, stdout); err != nil {
 		return err
 	}
@@ -53,6 +53,9 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func (c *Purge) Run(ctx context.Context, opts *PurgeOpts) error {
 	if opts.Batch <= 0 {
 		return usagef("--batch must be positive, got %d", opts.Batch)
+	}
+	if isDynamoURL(opts.DB) {
+		return c.purgeDynamo(ctx, opts)
 	}
 	cn, err := openDB(ctx, opts.DB, openOptions{mustExist: true})
 	if err != nil {
@@ -69,7 +72,7 @@ func (c *Purge) Run(ctx context.Context, opts *PurgeOpts) error {
 	}
 	n, err := j.PurgeOnce(ctx)
 	if err != nil {
-		return fmt.Errorf("purge (%d records deleted before the failure): %w", n, err)
+		return fmt.Errorf("purge (%d records deleted before the failure): %w", n, notMigrated(err))
 	}
 	_, err = fmt.Fprintf(c.stdout(), "purged %d expired records\n", n)
 	return err

@@ -9,17 +9,18 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/demo"
 	"github.com/idem-go/idem/idemprom"
-	"github.com/idem-go/idem/idemredis"
 )
 
 // Defaults of serve.
@@ -76,8 +77,16 @@ type serveOpts struct {
 	// handlerBudget);
 	// idleTimeout a kept-alive connection between requests.
 	readTimeout, writeTimeout, idleTimeout time.Duration
-	// metricsAddr is where GET /metrics listens; "" serves it on addr.
+	// metricsAddr is where GET /metrics listens; "" serves no metrics:
+	// never on addr, where every tenant would read the counts of the
+	// others' traffic.
 	metricsAddr string
+	// singleTransaction claims inside the order's transaction
+	// (idempg.Config.SingleTransaction).
+	singleTransaction bool
+	// grpcAddr is where the orders are served over gRPC; "" serves
+	// them over Connect on addr only (grpcserve.go).
+	grpcAddr string
 }
 
 const serveHelp = `Usage: idem serve [flags]
@@ -101,9 +110,11 @@ without the header; keys and orders are per tenant. The orders table
 (idem_demo_orders) and the idempotency records table are created at start.
 Logs go to stderr; SIGINT or SIGTERM stops the server cleanly.
 
-GET /metrics answers the Prometheus metrics of idem (idem_requests_total,
-idem_store_operation_duration_seconds, …; see docs/OBSERVABILITY.md) and of
-the Go runtime, on --metrics-addr when given, else on --addr.
+With --metrics-addr, GET /metrics answers there the Prometheus metrics of
+idem (idem_requests_total, idem_store_operation_duration_seconds, …; see
+docs/OBSERVABILITY.md) and of the Go runtime. They are never served on
+--addr: any client of the API could read every tenant's traffic there.
+Keep --metrics-addr on an address only the monitoring can reach.
 `
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -111,7 +122,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&opts.addr, "addr", defaultAddr, "listen on `host:port` (port 0 picks a free one)")
 	fs.StringVar(&opts.db, "db", DefaultDB, dbFlagHelp)
-	fs.StringVar(&opts.keys, "keys", "", "keep the idempotency records in Redis at this redis:// `URL` instead of --db;\nweaker: the order and its record no longer commit in one transaction")
+	fs.StringVar(&opts.keys, "keys", "", "keep the idempotency records in Redis at this redis:// `URL` (or in DynamoDB: dynamodb://TABLE?region=…&endpoint=…) instead of --db;\nweaker: the order and its record no longer commit in one transaction")
 	durationVar(fs, &opts.lease, "lease", idem.DefaultLease, "how long a running request holds its key before a retry may take it over")
 	durationVar(fs, &opts.retention, "retention", idem.DefaultRetention, "how long a key is remembered and its answer replayed (at least --lease)")
 	fs.BoolVar(&opts.requireKey, "require-key", false, "answer 400 to a POST without Idempotency-Key")
@@ -121,7 +132,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	durationVar(fs, &opts.readTimeout, "read-timeout", defaultReadTimeout, "close a connection whose request (headers and body) takes longer to arrive")
 	durationVar(fs, &opts.writeTimeout, "write-timeout", 0, "close a connection whose answer is not sent this long after its request's headers\n(default --read-timeout + --handler-delay + --wait-in-flight + 30s)")
 	durationVar(fs, &opts.idleTimeout, "idle-timeout", defaultIdleTimeout, "close a kept-alive connection idle this long")
-	fs.StringVar(&opts.metricsAddr, "metrics-addr", "", "serve GET /metrics on this `host:port` (port 0 picks a free one) instead of on --addr")
+	fs.BoolVar(&opts.singleTransaction, "single-transaction", false, singleTransactionHelp)
+	fs.StringVar(&opts.metricsAddr, "metrics-addr", "", "serve GET /metrics on this `host:port` (port 0 picks a free one), with the API's timeouts;\nwithout it no metrics are served (never on --addr)")
+	grpcFlag(fs, &opts)
 	if err := parseFlags(fs, serveHelp, args, stdout); err != nil {
 		return err
 	}
@@ -176,12 +189,83 @@ func (o *serveOpts) check() error {
 		return usagef("--write-timeout %s leaves no time to answer after --read-timeout %s and --handler-delay %s; make it longer than their sum",
 			o.writeTimeout, o.readTimeout, o.handlerDelay)
 	}
+	if err := checkAddr("--addr", o.addr); err != nil {
+		return err
+	}
+	if o.metricsAddr != "" {
+		if err := checkAddr("--metrics-addr", o.metricsAddr); err != nil {
+			return err
+		}
+		if sameAddr(o.addr, o.metricsAddr) {
+			return usagef("--metrics-addr %s is --addr's address: give the metrics an address of their own (port 0 picks a free one)", quoteArg(o.metricsAddr))
+		}
+	}
+	if _, err := parseDB(o.db); err != nil {
+		return err
+	}
+	if o.singleTransaction && o.keys != "" {
+		return usagef("--single-transaction claims in the order's own transaction: it cannot keep the records in Redis (--keys)")
+	}
 	if o.keys != "" {
-		if _, err := parseRedisURL(o.keys); err != nil {
+		if err := checkKeysURL(o.keys); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// checkAddr refuses a listen address net.Listen would refuse for its form
+// alone (no port, a port out of range, a service name), so that a typo is
+// a usage error found before anything is opened or created.
+func checkAddr(flagName, addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return usagef("%s %s: want host:port, as in 127.0.0.1:3000 (port 0 picks a free one)", flagName, quoteArg(addr))
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 {
+		return usagef("%s %s: the port must be a number from 0 to 65535", flagName, quoteArg(addr))
+	}
+	return nil
+}
+
+// sameAddr reports two listen addresses that are one (port 0 picks two
+// different ports, so never).
+func sameAddr(a, b string) bool {
+	ha, pa, _ := net.SplitHostPort(a)
+	hb, pb, _ := net.SplitHostPort(b)
+	if pa != pb || pa == "0" {
+		return false
+	}
+	wild := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return ha == hb || wild(ha) || wild(hb)
+}
+
+// listeners binds --addr and --metrics-addr (nil without it), each error
+// naming its flag; nothing is left open on failure.
+func (o *serveOpts) listeners() (api, metrics net.Listener, err error) {
+	api, err = net.Listen("tcp", o.addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--addr %s: %w", o.addr, unwrapOpError(err))
+	}
+	if o.metricsAddr != "" {
+		metrics, err = net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			api.Close() //nolint:errcheck // the listen error is the one to report
+			return nil, nil, fmt.Errorf("--metrics-addr %s: %w", o.metricsAddr, unwrapOpError(err))
+		}
+	}
+	return api, metrics, nil
+}
+
+// unwrapOpError drops net.OpError's "listen tcp ADDR:" prefix, which the
+// message already says with the flag's name.
+func unwrapOpError(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Err
+	}
+	return err
 }
 
 // timeouts returns the http.Server timeouts of o.
@@ -204,6 +288,7 @@ type server struct {
 	// answers GET /metrics.
 	metrics *idemprom.Collector
 	gather  http.Handler
+	app     *demo.App
 }
 
 // newServer opens the databases, creates the tables and builds the demo.
@@ -213,10 +298,26 @@ func newServer(ctx, hardStop context.Context, opts *serveOpts, logger *slog.Logg
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
+	// Redis first: openDB creates a SQLite file, which an unreachable
+	// --keys must not leave behind.
+	var rdb *redis.Client
+	if opts.keys != "" {
+		ro, err := parseRedisURL(opts.keys)
+		if err != nil {
+			return nil, err
+		}
+		if rdb, err = dialRedis(ctx, ro, opts.keys); err != nil {
+			return nil, err
+		}
+	}
 	c, err := openDB(ctx, opts.db, openOptions{})
 	if err != nil {
+		if rdb != nil {
+			rdb.Close() //nolint:errcheck // the open error is the one to report
+		}
 		return nil, err
 	}
+	c.rdb = rdb
 	s, err := buildServer(ctx, hardStop, c, opts, logger)
 	if err != nil {
 		c.Close() //nolint:errcheck // the build error is the one to report
@@ -228,17 +329,20 @@ func newServer(ctx, hardStop context.Context, opts *serveOpts, logger *slog.Logg
 func buildServer(ctx, hardStop context.Context, c *conn, opts *serveOpts, logger *slog.Logger) (*server, error) {
 	var store idem.Store
 	if opts.keys != "" {
-		rs, err := c.useRedis(ctx, opts.keys, &idemredis.Config{Logger: logger})
+		rs, err := c.useKeys(ctx, opts.keys, logger, true)
 		if err != nil {
 			return nil, err
 		}
 		store = rs
-		logger.Warn("idempotency records in Redis, orders in --db: they no longer commit in one transaction; a crash between the two may let a retry create a second order once the lease ends")
+		logger.Warn("idempotency records in " + rs.Info().Name + ", orders in --db: they no longer commit in one transaction; a crash between the two may let a retry create a second order once the lease ends")
 	} else {
 		if err := c.migrateKeys(ctx); err != nil {
 			return nil, fmt.Errorf("migrate the idempotency records table: %w", err)
 		}
 		ks, err := c.keyStore()
+		if opts.singleTransaction {
+			ks, err = c.singleTransactionStore()
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -276,7 +380,7 @@ func buildServer(ctx, hardStop context.Context, c *conn, opts *serveOpts, logger
 		return nil, err
 	}
 	gather := promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)})
-	return &server{conn: c, store: store, engine: engine, handler: app.Handler(), metrics: metrics, gather: gather}, nil
+	return &server{conn: c, store: store, engine: engine, handler: app.Handler(), metrics: metrics, gather: gather, app: app}, nil
 }
 
 // forcedStopWait bounds the wait for cancelled handlers to roll back and
@@ -298,6 +402,19 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 	// cancelled when the grace period of a shutdown is over.
 	hardStop, stopHard := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHard()
+	// Everything the command line can get wrong is found before anything
+	// is opened, created or migrated: the flags, then the listeners.
+	if err := opts.check(); err != nil {
+		return err
+	}
+	ln, mln, err := opts.listeners()
+	if err != nil {
+		return err
+	}
+	defer ln.Close() //nolint:errcheck // Serve closes it; this covers the early returns
+	if mln != nil {
+		defer mln.Close() //nolint:errcheck // as ln
+	}
 	s, err := newServer(ctx, hardStop, opts, logger)
 	if err != nil {
 		return err
@@ -308,34 +425,24 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 	// unless the binary was built with -tags idemfaults and IDEM_FAULT is
 	// set (internal/demo/faults.go).
 	handler := demo.Faults(s.handler, logger)
-	var metricsSrv *http.Server
-	if opts.metricsAddr == "" {
+	readHeader, read, write, idle := opts.timeouts()
+	if mln != nil {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", s.gather)
-		mux.Handle("/", handler)
-		handler = mux
-	} else {
-		mln, err := net.Listen("tcp", opts.metricsAddr)
-		if err != nil {
-			return err
-		}
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", s.gather)
-		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: maxReadHeaderTimeout, MaxHeaderBytes: maxHeaderBytes,
-			ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+		// The API's timeouts: a scraper, or anyone who can reach the
+		// address, that stalls or idles loses its connection as an API
+		// client does.
+		metricsSrv := &http.Server{Handler: mux,
+			ReadHeaderTimeout: readHeader, ReadTimeout: read, WriteTimeout: write, IdleTimeout: idle,
+			MaxHeaderBytes: maxHeaderBytes, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 		logger.Info("metrics listening", slog.String("addr", mln.Addr().String()))
 		go metricsSrv.Serve(mln) //nolint:errcheck // ErrServerClosed at shutdown
 		defer metricsSrv.Close() //nolint:errcheck // at exit
-	}
-	ln, err := net.Listen("tcp", opts.addr)
-	if err != nil {
-		return err
 	}
 	// Counts the handlers running, so that a forced stop can wait for
 	// them to roll back and release their keys before the connections to
 	// the database close under them.
 	var running sync.WaitGroup
-	readHeader, read, write, idle := opts.timeouts()
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			running.Add(1)
@@ -357,6 +464,13 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 
+	enableH2C(srv)
+	stopGRPC, err := startGRPC(opts, s.app, logger)
+	if err != nil {
+		return err
+	}
+	defer stopGRPC(context.WithoutCancel(ctx))
+
 	janitorDone := make(chan struct{})
 	jctx, stopJanitor := context.WithCancel(ctx)
 	defer stopJanitor()
@@ -376,7 +490,7 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 
 	keys := s.conn.target.describe()
 	if opts.keys != "" {
-		keys = "redis"
+		keys = s.store.Info().Name
 	}
 	logger.Info("listening", slog.String("addr", ln.Addr().String()), slog.String("db", s.conn.target.describe()),
 		slog.String("keys", keys), slog.Duration("lease", opts.lease), slog.Duration("retention", opts.retention),
@@ -398,6 +512,7 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 	logger.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace+opts.handlerDelay)
 	defer cancel()
+	stopGRPC(sctx)
 	err = srv.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		// Cancel what still runs, requests whose clients went away

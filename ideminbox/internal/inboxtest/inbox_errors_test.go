@@ -35,8 +35,7 @@ func TestEngineErrorDecisions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return newInbox(t, nil, func(c *ideminbox.Config) {
-			c.Store, c.Engine = nil, engine
+		return newInboxOn(t, engine, func(c *ideminbox.Config) {
 			c.MaxAttempts = 2
 			c.InFlightDelay = inFlight
 			c.StoreRetryInterval = 20 * time.Millisecond

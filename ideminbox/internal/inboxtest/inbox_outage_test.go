@@ -104,8 +104,7 @@ func TestStoreDownUnderHandlerIsNotAnAttempt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		in := newInbox(t, nil, func(c *ideminbox.Config) {
-			c.Store, c.Engine = nil, engine
+		in := newInboxOn(t, engine, func(c *ideminbox.Config) {
 			c.MaxAttempts = 2
 			c.InFlightDelay = 50 * time.Millisecond
 		})
@@ -165,8 +164,7 @@ func TestLostOutcomeIsNotPoison(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return newInbox(t, nil, func(c *ideminbox.Config) {
-				c.Store, c.Engine = nil, engine
+			return newInboxOn(t, engine, func(c *ideminbox.Config) {
 				c.MaxAttempts = 2
 				c.InFlightDelay = 50 * time.Millisecond
 				c.DeadLetterFunc = func(ctx context.Context, msg ideminbox.Message, cause error) error {
@@ -234,8 +232,7 @@ func TestNonTransactionalCompletionLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := newInbox(t, nil, func(c *ideminbox.Config) {
-		c.Store, c.Engine = nil, engine
+	in := newInboxOn(t, engine, func(c *ideminbox.Config) {
 		c.InFlightDelay = 50 * time.Millisecond
 	})
 	ctx := context.Background()
@@ -350,8 +347,7 @@ func TestUnansweredPastMaxAttempts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return store, newInbox(t, nil, func(c *ideminbox.Config) {
-				c.Store, c.Engine = nil, engine
+			return store, newInboxOn(t, engine, func(c *ideminbox.Config) {
 				c.MaxAttempts = 3
 				c.InFlightDelay = 20 * time.Millisecond
 				c.DeadLetterFunc = func(ctx context.Context, msg ideminbox.Message, cause error) error {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/ideminbox"
+	"github.com/idem-go/idem/ideminbox/internal/inboxtest"
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/idemsql/idemsqlite"
@@ -17,8 +18,12 @@ import (
 
 func newInbox(t *testing.T, store idem.Store, mod func(*ideminbox.Config)) *ideminbox.Inbox {
 	t.Helper()
+	return newInboxOn(t, inboxtest.Engine(t, store), mod)
+}
+
+func newInboxOn(t *testing.T, engine *idem.Engine, mod func(*ideminbox.Config)) *ideminbox.Inbox {
+	t.Helper()
 	c := ideminbox.Config{
-		Store:          store,
 		Consumer:       "orders",
 		MaxAttempts:    3,
 		InFlightDelay:  time.Millisecond,
@@ -27,7 +32,7 @@ func newInbox(t *testing.T, store idem.Store, mod func(*ideminbox.Config)) *idem
 	if mod != nil {
 		mod(&c)
 	}
-	in, err := ideminbox.NewInbox(&c)
+	in, err := ideminbox.NewInbox(engine, &c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,7 @@ func TestHTTPTenantNamedLikeConsumer(t *testing.T) {
 			t.Fatalf("POST: %d %s", rec.Code, rec.Body)
 		}
 
-		in, err := ideminbox.NewInbox(&ideminbox.Config{Engine: engine, Consumer: consumer})
+		in, err := ideminbox.NewInbox(engine, &ideminbox.Config{Consumer: consumer})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -150,12 +150,12 @@ func TestConsumerNameMustBePrintable(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"orders\x00eu", "orders\xffeu", "orders\neu", "orders\teu", "orders\x1b[2Jeu", "orders\u009beu", "orders\x7f"} {
-		_, err := ideminbox.NewInbox(&ideminbox.Config{Store: store, Consumer: name})
+		_, err := ideminbox.NewInbox(inboxtest.Engine(t, store), &ideminbox.Config{Consumer: name})
 		if err == nil || !strings.Contains(err.Error(), "Config.Consumer") || strings.ContainsFunc(err.Error(), func(r rune) bool { return r < 0x20 || r == 0x7f || r == utf8.RuneError || (r >= 0x80 && r < 0xa0) }) {
 			t.Errorf("NewInbox with Consumer %q: %v; want a printable refusal naming Config.Consumer", name, err)
 		}
 	}
-	in, err := ideminbox.NewInbox(&ideminbox.Config{Store: store, Consumer: "commandes-été"})
+	in, err := ideminbox.NewInbox(inboxtest.Engine(t, store), &ideminbox.Config{Consumer: "commandes-été"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,8 +181,7 @@ func TestPoisonDataBoundedOnEveryStore(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			in := newInbox(t, nil, func(c *ideminbox.Config) {
-				c.Store, c.Engine = nil, engine
+			in := newInboxOn(t, engine, func(c *ideminbox.Config) {
 				c.MaxAttempts = 1
 				c.MaxPoisonData = bound
 				c.InFlightDelay = 20 * time.Millisecond

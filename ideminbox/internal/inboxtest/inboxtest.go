@@ -1,6 +1,9 @@
 // Package inboxtest runs the inbox tests on every store that can carry a
 // consumer's effects in its transaction (SQLite, PostgreSQL), and counts
-// those effects.
+// those effects; and it holds the broker-adapter conformance suite,
+// ExerciseAdapter, which every adapter (idemjetstream, idemamqp) runs on
+// its real broker through a Destination of three methods: Publish,
+// Consume (with kill), Pending.
 //
 // An effect is a row inserted through the store's transaction into a table
 // without any unique constraint: a message that took effect twice shows up
@@ -94,4 +97,16 @@ func Count(ids []string) map[string]int {
 		m[id]++
 	}
 	return m
+}
+
+// Engine returns an engine over store with the default settings, closed
+// when the test ends: what ideminbox.NewInbox takes.
+func Engine(t testing.TB, store idem.Store) *idem.Engine {
+	t.Helper()
+	e, err := idem.NewEngine(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	return e
 }

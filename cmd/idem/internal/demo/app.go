@@ -64,6 +64,7 @@ type App struct {
 	delay  time.Duration
 	logger *slog.Logger
 	now    func() time.Time
+	cfg    Config // for the gRPC and Connect front ends (grpc.go)
 }
 
 // New builds the API on cfg. It opens nothing: cfg's handles are used as
@@ -102,7 +103,7 @@ func New(cfg Config) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &App{repo: repo, mw: mw, delay: cfg.HandlerDelay, logger: logger, now: time.Now}, nil
+	return &App{repo: repo, mw: mw, delay: cfg.HandlerDelay, logger: logger, now: time.Now, cfg: cfg}, nil
 }
 
 // Migrate creates the orders table, Table, if it is not there. Several
@@ -114,7 +115,7 @@ func (a *App) Migrate(ctx context.Context) error { return a.repo.migrate(ctx) }
 // idempotency middleware. Authentication sits in front of idempotency so
 // that a 401 is never stored under a key.
 func (a *App) Handler() http.Handler {
-	return logRequests(a.logger, withTenant(a.routes()))
+	return logRequests(a.logger, a.withConnect(withTenant(a.routes())))
 }
 
 // routes returns the API. The idempotency middleware wraps the one route

@@ -1,0 +1,273 @@
+// Package console is the operator console of idem console: server-rendered
+// pages (html/template, assets embedded, no script needed) and a JSON API
+// over a store that implements idem.KeyLister, behind one token.
+//
+// Every page and API call needs the token: pages through a login form that
+// sets an HttpOnly, SameSite=Strict cookie, the API through
+// "Authorization: Bearer TOKEN" (cookies are not accepted there, so the
+// API needs no CSRF defence). The forms that change something carry a
+// CSRF token and are refused from another origin. Everything a record
+// holds came from clients and is escaped by html/template, or encoded as
+// JSON. Every action is logged with its reason and who did it.
+package console
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+//go:embed templates/*.html assets/*
+var files embed.FS
+
+// Config configures a Handler.
+type Config struct {
+	// Store holds the records; it must implement idem.KeyLister.
+	Store idem.Store
+	// Token is the secret every page and API call needs. Required.
+	Token string
+	// Lease is the lease the services give their claims: a lease that
+	// ends later than this after its claim has been extended by a
+	// heartbeat. Defaults to idem's 90s.
+	Lease time.Duration
+	// Logger receives the actions. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Handler serves the console.
+type Handler struct {
+	store  idem.Store
+	lister idem.KeyLister
+	token  string
+	lease  time.Duration
+	log    *slog.Logger
+	pages  map[string]*template.Template
+	mux    *http.ServeMux
+}
+
+// New returns the console's handler.
+func New(cfg Config) (*Handler, error) {
+	lister, ok := cfg.Store.(idem.KeyLister)
+	if !ok {
+		return nil, fmt.Errorf("the store %T cannot list its records", cfg.Store)
+	}
+	if cfg.Token == "" {
+		return nil, errors.New("a token is required")
+	}
+	h := &Handler{store: cfg.Store, lister: lister, token: cfg.Token, lease: cfg.Lease, log: cfg.Logger}
+	if h.lease <= 0 {
+		h.lease = 90 * time.Second
+	}
+	if h.log == nil {
+		h.log = slog.Default()
+	}
+	h.pages = map[string]*template.Template{}
+	for _, name := range []string{"login", "overview", "keys", "key", "confirm", "done", "error"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, err
+		}
+		h.pages[name] = t
+	}
+	assets, _ := fs.Sub(files, "assets")
+	m := http.NewServeMux()
+	m.Handle("GET /assets/", http.StripPrefix("/assets/", http.FileServerFS(assets)))
+	m.HandleFunc("GET /login", h.loginPage)
+	m.HandleFunc("POST /login", h.login)
+	m.HandleFunc("POST /logout", h.page(h.logout))
+	m.HandleFunc("GET /{$}", h.page(h.overview))
+	m.HandleFunc("GET /keys", h.page(h.keys))
+	m.HandleFunc("GET /abandoned", h.page(h.abandoned))
+	m.HandleFunc("GET /keys/{tenant}/{key}", h.page(h.key))
+	m.HandleFunc("GET /keys/{tenant}/{key}/{action}", h.page(h.confirm))
+	m.HandleFunc("POST /keys/{tenant}/{key}/{action}", h.page(h.act))
+	m.HandleFunc("GET /api/keys", h.api(h.apiList))
+	m.HandleFunc("GET /api/keys/{tenant}/{key}", h.api(h.apiKey))
+	m.HandleFunc("POST /api/keys/{tenant}/{key}/{action}", h.api(h.apiAct))
+	h.mux = m
+	return h, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hd := w.Header()
+	// Nothing on a page may come from elsewhere, and no page may be framed.
+	hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	// same-origin, not no-referrer: under no-referrer a browser sends
+	// "Origin: null" with the forms, which the CSRF check must refuse.
+	hd.Set("Referrer-Policy", "same-origin")
+	hd.Set("Cache-Control", "no-store")
+	h.mux.ServeHTTP(w, r)
+}
+
+const cookieName = "idem_console"
+
+// mac is the HMAC of parts under the token: what a session cookie and a
+// CSRF token hold, so that neither is the token itself.
+func (h *Handler) mac(parts ...string) string {
+	m := hmac.New(sha256.New, []byte(h.token))
+	for _, p := range parts {
+		m.Write([]byte(p))
+		m.Write([]byte{0})
+	}
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+
+// session returns the operator's name from a valid session cookie.
+func (h *Handler) session(r *http.Request) (string, bool) {
+	c, err := r.Cookie(cookieName)
+	if err != nil {
+		return "", false
+	}
+	raw, err := url.QueryUnescape(c.Value)
+	if err != nil {
+		return "", false
+	}
+	name, sig, ok := strings.Cut(raw, "|")
+	if !ok || !equal(sig, h.mac("session", name)) {
+		return "", false
+	}
+	return name, true
+}
+
+// csrf is the CSRF token of the operator's session.
+func (h *Handler) csrf(who string) string { return h.mac("csrf", who) }
+
+type ctxKey struct{}
+
+// who is the operator doing a request, as the login or the API named it.
+func who(ctx context.Context) string { s, _ := ctx.Value(ctxKey{}).(string); return s }
+
+// page wraps a page handler: without a session, to the login form; a
+// POST must carry the session's CSRF token and come from this origin.
+func (h *Handler) page(fn http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		name, ok := h.session(r)
+		if !ok {
+			if r.Method == http.MethodGet {
+				http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+				return
+			}
+			http.Error(w, "log in first", http.StatusUnauthorized)
+			return
+		}
+		if r.Method == http.MethodPost {
+			if !sameOrigin(r) || !equal(r.PostFormValue("csrf"), h.csrf(name)) {
+				http.Error(w, "refused: the form did not come from this console (CSRF check)", http.StatusForbidden)
+				return
+			}
+		}
+		fn(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, name+" (console, "+r.RemoteAddr+")")))
+	}
+}
+
+// sameOrigin refuses a request that a browser says another site sent.
+func sameOrigin(r *http.Request) bool {
+	if s := r.Header.Get("Sec-Fetch-Site"); s != "" && s != "same-origin" && s != "none" {
+		return false
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		u, err := url.Parse(o)
+		if err != nil || u.Host != r.Host {
+			return false
+		}
+	}
+	return true
+}
+
+// api wraps an API handler: the Bearer token is required.
+func (h *Handler) api(fn http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		auth := r.Header.Get("Authorization")
+		tok, ok := strings.CutPrefix(auth, "Bearer ")
+		if !ok || !equal(tok, h.token) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="idem console"`)
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong Authorization: Bearer token"})
+			return
+		}
+		op := r.Header.Get("X-Idem-Operator")
+		if op == "" {
+			op = "api"
+		}
+		fn(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, op+" (api, "+r.RemoteAddr+")")))
+	}
+}
+
+func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request) {
+	h.render(w, r, http.StatusOK, "login", map[string]any{"Next": safeNext(r.URL.Query().Get("next"))})
+}
+
+func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
+	name := strings.TrimSpace(r.PostFormValue("name"))
+	if !sameOrigin(r) {
+		http.Error(w, "refused: the form did not come from this console", http.StatusForbidden)
+		return
+	}
+	if !equal(r.PostFormValue("token"), h.token) || name == "" || len(name) > 64 {
+		h.render(w, r, http.StatusUnauthorized, "login", map[string]any{"Next": safeNext(r.PostFormValue("next")), "Error": "wrong token, or no name given"})
+		return
+	}
+	h.log.Info("idem console: login", slog.String("who", name), slog.String("remote", r.RemoteAddr))
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: url.QueryEscape(name + "|" + h.mac("session", name)),
+		Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: 12 * 3600})
+	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
+}
+
+func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+// safeNext keeps a redirect after the login on this console.
+func safeNext(next string) string {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") {
+		return "/"
+	}
+	return next
+}
+
+// render writes a page; the layout gets the operator's CSRF token.
+func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, name string, data map[string]any) {
+	if data == nil {
+		data = map[string]any{}
+	}
+	if op, ok := h.session(r); ok {
+		data["Operator"] = op
+		data["CSRF"] = h.csrf(op)
+	}
+	var b strings.Builder
+	if err := h.pages[name].Execute(&b, data); err != nil {
+		h.log.Error("idem console: render", slog.String("page", name), slog.Any("err", err))
+		http.Error(w, "the page could not be drawn", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(b.String()))
+}
+
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	h.render(w, r, status, "error", map[string]any{"Status": status, "Message": msg})
+}
+
+// keyPath is the path of a key's page, each part path-escaped.
+func keyPath(tenant, key string) string {
+	return "/keys/" + url.PathEscape(tenant) + "/" + url.PathEscape(key)
+}

@@ -1,0 +1,73 @@
+package idemmem
+
+import (
+	"context"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/keylist"
+)
+
+var _ idem.KeyLister = (*Store)(nil)
+
+// ListKeys implements idem.KeyLister. The store has no index: every page
+// walks every record, one shard lock at a time, which suits a store held
+// in one process's memory.
+func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, error) {
+	now := s.now()
+	var all []*idem.Record
+	err := s.each(ctx, func(e *entry) {
+		rec := keylist.Strip(e.record())
+		if keylist.Match(rec, p, now) {
+			all = append(all, rec)
+		}
+	})
+	if err != nil {
+		return idem.KeyPage{}, err
+	}
+	return keylist.Page(all, p, now)
+}
+
+// KeyStats implements idem.KeyLister, walking every record.
+func (s *Store) KeyStats(ctx context.Context, p idem.StatsParams) (idem.KeyStats, error) {
+	c := keylist.NewCounter(s.now())
+	err := s.each(ctx, func(e *entry) {
+		if p.Tenant == "" || e.tenant == p.Tenant {
+			c.Add(keylist.Strip(e.record()))
+		}
+	})
+	return c.Stats(), err
+}
+
+// Forget implements idem.KeyLister.
+func (s *Store) Forget(ctx context.Context, p idem.ForgetParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	sh, h := s.locate(p.Tenant, p.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.find(h, p.Tenant, p.Key)
+	if e == nil || !e.complete || e.token != p.Token {
+		return idem.ErrNotFound
+	}
+	sh.remove(h, e)
+	return nil
+}
+
+// each calls fn for every record, under its shard's lock.
+func (s *Store) each(ctx context.Context, fn func(e *entry)) error {
+	for i := range s.shards {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, head := range sh.records {
+			for e := head; e != nil; e = e.next {
+				fn(e)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return nil
+}

@@ -1,0 +1,15 @@
+-- idem: the operators' list (idem keys list, idem console) pages through
+-- the records of a tenant in claim order, by (tenant_id, created_at,
+-- idem_key) after the last row of the page before: this index serves
+-- every page as a range scan that stops at the page's size, whatever the
+-- table holds.
+--
+-- It holds no column that a completion or a heartbeat changes (state,
+-- locked_until and the result are not in it), so both stay HOT updates;
+-- a claim writes one more index entry. The statuses are filters on the
+-- rows the walk meets (see docs/CONSOLE.md for what that costs).
+--
+-- CREATE INDEX takes a lock that queues claims while it is built; on a
+-- large table, build it by hand first, CONCURRENTLY, under this name:
+-- the migration then finds it and does nothing.
+CREATE INDEX IF NOT EXISTS idem_keys_tenant_created_idx ON idem_keys (tenant_id, created_at, idem_key);
