@@ -29,6 +29,9 @@ func ProblemFor(a idemfront.Answer, transactional bool) (status int, body []byte
 	switch a.Kind {
 	case idemfront.KeyRequired:
 		p = problemKeyRequired
+	case idemfront.InvalidKey:
+		// The texts naming the default key header, Idempotency-Key.
+		p = problemInvalidKey
 	case idemfront.Unauthenticated:
 		p = problemUnauthenticated
 	case idemfront.RequestTooLarge:
