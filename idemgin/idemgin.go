@@ -193,9 +193,8 @@ func (w *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 // CloseNotify returns a channel that is never closed: the handler runs
 // on when its client goes away (idemhttp.Config.CancelOnDisconnect says
-// otherwise, through the request's context).
-//
-//lint:ignore SA1019 gin.ResponseWriter requires it.
+// otherwise, through the request's context). gin.ResponseWriter
+// requires it.
 func (w *writer) CloseNotify() <-chan bool { return make(chan bool) }
 
 // Pusher returns nil: a pushed resource would not be replayed.
