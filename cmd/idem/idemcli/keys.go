@@ -75,7 +75,7 @@ func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	defer closeStore()
 	page, err := store.(idem.KeyLister).ListKeys(ctx, p)
 	if err != nil {
-		return fmt.Errorf("list: %w", err)
+		return fmt.Errorf("list: %w", notMigrated(err))
 	}
 	if *asJSON {
 		type item struct {
@@ -149,7 +149,7 @@ func runKeysAct(ctx context.Context, action string, args []string, stdout, stder
 	defer closeStore()
 	msg, err := console.Act(ctx, store, logger, a)
 	if err != nil {
-		return err
+		return notMigrated(err)
 	}
 	fmt.Fprintf(stdout, "%s %s: %s\n", strconv.Quote(a.Tenant), strconv.Quote(a.Key), msg)
 	return nil

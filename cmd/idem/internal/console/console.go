@@ -235,9 +235,12 @@ func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 
-// safeNext keeps a redirect after the login on this console.
+// safeNext keeps a redirect after the login on this console. Browsers
+// drop tabs and newlines from a URL before reading it ("/\t/evil" is
+// "//evil" to them), so no control character or space is let through.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.ContainsRune(next, '\\') ||
+		strings.ContainsFunc(next, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
 		return "/"
 	}
 	return next
