@@ -318,6 +318,13 @@ func (u *singleUnit) Complete(ctx context.Context, p idem.CompleteParams) error 
 		u.conn.Release()
 		return fmt.Errorf("idempg: complete: the connection of the handler's transaction was lost, its writes with it; nothing stored: %w", pgx.ErrTxClosed)
 	}
+	if u.lostTo() != nil {
+		// A deadlock or a serialization failure rolled the handler's
+		// transaction back: nothing of this execution is stored, not
+		// even an answer alone (see ErrTxEnded), as in the default mode.
+		u.unlockAndRelease(ctx)
+		return u.gone()
+	}
 	status := pgConn.TxStatus()
 	handlerBegan := prev == unitOpen && u.tx != nil
 	switch {
@@ -335,10 +342,16 @@ func (u *singleUnit) Complete(ctx context.Context, p idem.CompleteParams) error 
 	// Prepared once per connection (pgx keeps it by name): parsing and
 	// planning the INSERT on every request cost the backend more than its
 	// execution.
-	sd, err := u.conn.Conn().Prepare(ctx, name, query)
-	var unlock *pgconn.StatementDescription
-	if err == nil {
-		unlock, err = u.conn.Conn().Prepare(ctx, "idem_single_unlock", singleUnlockSQL)
+	sd, unlock, err := u.prepare(ctx, name, query)
+	var pgErr *pgconn.PgError
+	if status == 'E' && errors.As(err, &pgErr) && pgErr.Code == "25P02" {
+		// Not yet prepared on this connection, whose transaction a
+		// failed statement aborted, which refuses a PREPARE: end that
+		// transaction first (the pipeline below then opens its own).
+		if _, err = pgConn.Exec(ctx, "ROLLBACK").ReadAll(); err == nil {
+			status = pgConn.TxStatus()
+			sd, unlock, err = u.prepare(ctx, name, query)
+		}
 	}
 	if err != nil {
 		u.unlockAndRelease(ctx)
@@ -379,6 +392,16 @@ func (u *singleUnit) Complete(ctx context.Context, p idem.CompleteParams) error 
 		}
 		return nil
 	})
+}
+
+// prepare prepares the record's statement (name, query) and the unlock
+// on u's connection; pgx sends nothing for one it prepared before.
+func (u *singleUnit) prepare(ctx context.Context, name, query string) (sd, unlock *pgconn.StatementDescription, err error) {
+	if sd, err = u.conn.Conn().Prepare(ctx, name, query); err != nil {
+		return nil, nil, err
+	}
+	unlock, err = u.conn.Conn().Prepare(ctx, "idem_single_unlock", singleUnlockSQL)
+	return sd, unlock, err
 }
 
 // insertValues encodes p for singleInsertSQL.

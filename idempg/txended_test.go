@@ -22,12 +22,23 @@ import (
 // that runs the statement again on a deadlock stops at the first retry.
 func TestAnswerAfterRollbackClassNotStored(t *testing.T) {
 	e := newEnv(t, 4)
+	answerAfterRollbackClassNotStored(t, e, mustEngine(t, e.store))
+}
+
+// TestSingleTransactionAnswerAfterRollbackClassNotStored: the same in the
+// single-transaction mode, whose Complete stores the answer alone after
+// a ROLLBACK of its own: a deadlock must not be answered from there.
+func TestSingleTransactionAnswerAfterRollbackClassNotStored(t *testing.T) {
+	e, eng := newSingleEnv(t, 4)
+	answerAfterRollbackClassNotStored(t, e, eng)
+}
+
+func answerAfterRollbackClassNotStored(t *testing.T, e *env, eng *idem.Engine) {
 	ctx := context.Background()
 	if _, err := e.pool.Exec(ctx, `CREATE TABLE locks (id int PRIMARY KEY, v int NOT NULL);
 		INSERT INTO locks VALUES (1, 0), (2, 0)`); err != nil {
 		t.Fatal(err)
 	}
-	eng := mustEngine(t, e.store)
 	endings := []struct {
 		name string
 		end  func(ctx context.Context, t *testing.T) error
