@@ -13,9 +13,8 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultLease      = 90 * time.Second
-	DefaultRetention  = 24 * time.Hour
-	DefaultRetryAfter = time.Second
+	DefaultLease     = 90 * time.Second
+	DefaultRetention = 24 * time.Hour
 )
 
 // Config configures an Engine. The zero value of every field means its
@@ -37,10 +36,6 @@ type Config struct {
 	// extension may come up to a quarter of Heartbeat late. A negative
 	// value turns the heartbeat off.
 	Heartbeat time.Duration
-
-	// RetryAfter is the delay suggested to a caller that met an execution
-	// in flight (HTTP Retry-After). Defaults to 1s.
-	RetryAfter time.Duration
 
 	// CleanupTimeout bounds the store calls made after the caller's
 	// context has ended: the release of a failed execution, and, on a
@@ -83,9 +78,6 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.Heartbeat == 0 {
 		out.Heartbeat = out.Lease / 3
-	}
-	if out.RetryAfter <= 0 {
-		out.RetryAfter = DefaultRetryAfter
 	}
 	if out.CleanupTimeout <= 0 {
 		out.CleanupTimeout = 5 * time.Second

@@ -286,7 +286,7 @@ func TestNewEngine(t *testing.T) {
 	}
 	c := newEngine(t, idemmem.NewStore(nil), nil).Config()
 	if c.Lease != idem.DefaultLease || c.Retention != idem.DefaultRetention ||
-		c.Heartbeat != idem.DefaultLease/3 || c.RetryAfter != idem.DefaultRetryAfter ||
+		c.Heartbeat != idem.DefaultLease/3 ||
 		c.CleanupTimeout <= 0 || c.Logger == nil {
 		t.Errorf("default config = %+v", c)
 	}

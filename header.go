@@ -3,7 +3,6 @@ package idem
 import (
 	"encoding/json"
 	"fmt"
-	"net/textproto"
 	"strings"
 
 	"github.com/idem-go/idem/internal/fieldtext"
@@ -42,15 +41,28 @@ func UnmarshalHeader(b []byte) (map[string][]string, error) {
 	return h, nil
 }
 
-// checkHeader refuses a name that is not a canonical HTTP token and a
-// value holding a control character other than tab.
+// checkHeader refuses a name that is not a token (RFC 9110), two names
+// that differ only in case, and a value holding a control character other
+// than tab. Names are accepted in any case: HTTP front ends store the
+// canonical form (Content-Type), gRPC's metadata keys are lowercase
+// (content-type), and each front end writes a replayed name in its own
+// protocol's form; two spellings of one name would replay one header
+// twice.
 func checkHeader(h map[string][]string) error {
+	var seen map[string]bool // lowercase names, when there are several
+	if len(h) > 1 {
+		seen = make(map[string]bool, len(h))
+	}
 	for name, values := range h {
 		if !validHeaderName(name) {
 			return fmt.Errorf("idem: stored header: invalid name %q", name)
 		}
-		if canonical := textproto.CanonicalMIMEHeaderKey(name); canonical != name {
-			return fmt.Errorf("idem: stored header: name %q is not canonical (%q)", name, canonical)
+		if seen != nil {
+			lower := strings.ToLower(name)
+			if seen[lower] {
+				return fmt.Errorf("idem: stored header: name %q given twice, in two cases", name)
+			}
+			seen[lower] = true
 		}
 		for _, v := range values {
 			if !fieldtext.Clean(v) {

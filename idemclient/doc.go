@@ -61,7 +61,7 @@
 // execution's key over sooner (its heartbeat keeps live ones), and lets
 // clients keep a shorter budget; one with slow handlers needs a longer
 // budget on every client. The Retry-After of idemhttp's 409 is a fixed
-// pause (the engine's RetryAfter, 1s by default), not the end of the
+// pause (idemhttp.Config.RetryAfter, 1s by default), not the end of the
 // lease: the Transport waits it out, and keeps asking until the budget
 // ends.
 //

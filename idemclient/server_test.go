@@ -6,7 +6,6 @@ package idemclient_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -25,126 +24,12 @@ import (
 	"github.com/idem-go/idem/idemclient"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/internal/stripeserver"
 )
 
-// customers is a Stripe-shaped POST /v1/customers (form-encoded) that
-// counts its executions.
-type customers struct {
-	executions atomic.Int32
-	// gate, when set, is waited for before answering: a slow handler.
-	gate chan struct{}
-}
-
-func (c *customers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if err := r.ParseForm(); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	n := c.executions.Add(1)
-	if c.gate != nil {
-		// Slow on purpose, and deaf to the request's end: the work goes on
-		// after the client gave the attempt up.
-		<-c.gate
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Request-Id", fmt.Sprintf("req_%d", n))
-	_ = json.NewEncoder(w).Encode(map[string]any{
-		"id": fmt.Sprintf("cus_%d", n), "object": "customer",
-		"email": r.PostForm.Get("email"), "name": r.PostForm.Get("name"),
-	})
-}
-
-// attempts records what reached the server (outside idemhttp): the key of
-// each request and the status the middleware answered.
-type attempts struct {
-	loseFirst bool // drop the first response after the commit
-	mu        sync.Mutex
-	keys      []string
-	statuses  []int
-	onStatus  func(int)
-}
-
-func (a *attempts) wrap(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, r)
-		a.mu.Lock()
-		a.keys = append(a.keys, r.Header.Get(idemhttp.HeaderKey))
-		a.statuses = append(a.statuses, rec.Code)
-		onStatus := a.onStatus
-		first := len(a.keys) == 1
-		a.mu.Unlock()
-		if onStatus != nil {
-			onStatus(rec.Code)
-		}
-		if first && a.loseFirst && lose(w) {
-			return
-		}
-		for k, v := range rec.Header() {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(rec.Code)
-		_, _ = w.Write(rec.Body.Bytes())
-	})
-}
-
-func (a *attempts) snapshot() ([]string, []int) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return append([]string(nil), a.keys...), append([]int(nil), a.statuses...)
-}
-
-// lose drops the connection instead of answering: the handler ran and
-// idemhttp committed, but the client never hears of it.
-func lose(w http.ResponseWriter) bool {
-	conn, _, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		return false
-	}
-	_ = conn.Close()
-	return true
-}
-
-// lostFirstResponse serves h behind idemhttp over idemmem; the first
-// response is lost after the commit.
-func lostFirstResponse(t *testing.T, h http.Handler) (*httptest.Server, *attempts) {
-	t.Helper()
-	eng, err := idem.NewEngine(idemmem.NewStore(nil), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := idemhttp.NewMiddleware(eng, &idemhttp.Config{SharedKeySpace: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &attempts{loseFirst: true}
-	mux := http.NewServeMux()
-	mux.Handle("POST /v1/customers", m.Handler(h))
-	srv := httptest.NewServer(a.wrap(mux))
-	t.Cleanup(srv.Close)
-	return srv, a
-}
-
-// checkOneExecution asserts the scenario's outcome from the server side.
-func checkOneExecution(t *testing.T, c *customers, a *attempts, wantAttempts int) {
-	t.Helper()
-	if n := c.executions.Load(); n != 1 {
-		t.Fatalf("the handler ran %d times, want 1", n)
-	}
-	keys, statuses := a.snapshot()
-	if len(keys) != wantAttempts {
-		t.Fatalf("%d requests reached the server (statuses %v), want %d", len(keys), statuses, wantAttempts)
-	}
-	for i, k := range keys {
-		if k == "" || k != keys[0] {
-			t.Fatalf("request %d carried key %q; all must carry the first one, %q", i+1, k, keys[0])
-		}
-	}
-}
-
 func TestIdemclientLostResponse(t *testing.T) {
-	c := &customers{}
-	srv, a := lostFirstResponse(t, c)
+	c := &stripeserver.Customers{}
+	srv, a := stripeserver.LostFirstResponse(t, c)
 	base := srv.Client().Transport
 	client := idemclient.NewClient(&idemclient.Transport{Base: base, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond})
 
@@ -158,7 +43,7 @@ func TestIdemclientLostResponse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	checkOneExecution(t, c, a, 2)
+	stripeserver.CheckOneExecution(t, c, a, 2)
 	body, _ := io.ReadAll(resp.Body)
 	if !strings.Contains(string(body), `"id":"cus_1"`) || !tr.Replayed || tr.Attempts != 2 {
 		t.Fatalf("got %s after %d attempts (replayed %v), want cus_1 replayed after 2", body, tr.Attempts, tr.Replayed)
@@ -173,7 +58,7 @@ func TestIdemclientLostResponse(t *testing.T) {
 // execution runs, then its stored result.
 func TestIdemclientSlowHandler(t *testing.T) {
 	gate := make(chan struct{})
-	c := &customers{gate: gate}
+	c := &stripeserver.Customers{Gate: gate}
 	eng, err := idem.NewEngine(idemmem.NewStore(nil), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -185,14 +70,14 @@ func TestIdemclientSlowHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &attempts{}
+	a := &stripeserver.Attempts{}
 	var once sync.Once
-	a.onStatus = func(status int) {
+	a.OnStatus = func(status int) {
 		if status == http.StatusConflict {
 			once.Do(func() { close(gate) }) // a retry met the running execution: let it finish
 		}
 	}
-	srv := httptest.NewServer(a.wrap(m.Handler(c)))
+	srv := httptest.NewServer(a.Wrap(m.Handler(c)))
 	defer srv.Close()
 	defer once.Do(func() { close(gate) })
 
@@ -215,7 +100,7 @@ func TestIdemclientSlowHandler(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	if n := c.executions.Load(); n != 1 {
+	if n := c.Executions.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times, want 1", n)
 	}
 	if !strings.Contains(string(body), `"id":"cus_1"`) || !tr.Replayed {
@@ -228,7 +113,7 @@ func TestIdemclientSlowHandler(t *testing.T) {
 	if !errors.Is(tr.History[0].Err, idemclient.ErrAttemptTimeout) || !slices.Contains(statuses, http.StatusConflict) {
 		t.Fatalf("history %+v: want a timed-out first attempt, then 409s, then the replay", tr.History)
 	}
-	keys, _ := a.snapshot()
+	keys, _ := a.Snapshot()
 	for _, k := range keys {
 		if k != tr.Key {
 			t.Fatalf("keys sent %q, want %q on every attempt", keys, tr.Key)
@@ -292,7 +177,7 @@ func TestRedirectCarriesTheKey(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			store := idemmem.NewStore(nil)
-			cus := &customers{}
+			cus := &stripeserver.Customers{}
 			var seenA, seenB keyLog
 			b := idemNode(t, store, cus)
 			nodeB := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -308,7 +193,7 @@ func TestRedirectCarriesTheKey(t *testing.T) {
 				}
 				rec := httptest.NewRecorder()
 				a.ServeHTTP(rec, r)
-				if rec.Code != http.StatusOK || !lose(w) {
+				if rec.Code != http.StatusOK || !stripeserver.Lose(w) {
 					t.Errorf("node A answered %d, or could not drop the answer", rec.Code)
 				}
 			}))
@@ -335,7 +220,7 @@ func TestRedirectCarriesTheKey(t *testing.T) {
 			body, _ := io.ReadAll(resp.Body)
 
 			keysA, keysB := seenA.snapshot(), seenB.snapshot()
-			if n := cus.executions.Load(); n != 1 {
+			if n := cus.Executions.Load(); n != 1 {
 				t.Fatalf("the handler ran %d times, want 1 (keys at node A %q, at node B %q)", n, keysA, keysB)
 			}
 			want := tr.Key
@@ -419,7 +304,7 @@ func TestInFlightOutlivesACrashedHolder(t *testing.T) {
 			// the card is charged.
 			go protected.ServeHTTP(httptest.NewRecorder(), r.WithContext(context.WithoutCancel(r.Context())))
 			<-charged
-			lose(w)
+			stripeserver.Lose(w)
 			return
 		}
 		rec := httptest.NewRecorder()
@@ -481,7 +366,7 @@ func TestDefaultBudgetOutlivesDefaultLease(t *testing.T) {
 	}
 }
 
-// A 409 from idemhttp carries Retry-After (the engine's RetryAfter, 1s by
+// A 409 from idemhttp carries Retry-After (idemhttp.Config.RetryAfter, 1s by
 // default): the Transport waits that long before it asks again, though
 // its own backoff would have asked within milliseconds, and then gets the
 // stored answer.
@@ -500,8 +385,8 @@ func TestInFlightFollowsRetryAfter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if eng.Config().RetryAfter != time.Second {
-		t.Fatalf("engine RetryAfter %v, want the default 1s", eng.Config().RetryAfter)
+	if idemhttp.DefaultRetryAfter != time.Second {
+		t.Fatalf("idemhttp.DefaultRetryAfter %v, want 1s", idemhttp.DefaultRetryAfter)
 	}
 	m, err := idemhttp.NewMiddleware(eng, &idemhttp.Config{SharedKeySpace: true, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -511,12 +396,12 @@ func TestInFlightFollowsRetryAfter(t *testing.T) {
 	var arrived []time.Time
 	var once sync.Once
 	defer once.Do(func() { close(gate) })
-	a := &attempts{onStatus: func(status int) {
+	a := &stripeserver.Attempts{OnStatus: func(status int) {
 		if status == http.StatusConflict {
 			once.Do(func() { close(gate) }) // the execution may finish now
 		}
 	}}
-	inner := a.wrap(m.Handler(slow))
+	inner := a.Wrap(m.Handler(slow))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		arrived = append(arrived, time.Now())

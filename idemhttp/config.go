@@ -7,14 +7,17 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemfront"
 )
 
 // Defaults for Config.
 const (
+	DefaultRetryAfter         = idemfront.DefaultRetryAfter
 	DefaultMaxRequestBody     = 1 << 20
 	DefaultMaxResponseBody    = 1 << 20
 	DefaultMaxStoredErrorBody = 8 << 10
@@ -86,22 +89,22 @@ var DefaultReplayHeaders = []string{
 // configuration says: a cookie handed out again to whoever retries, a
 // stale Date, fields that describe one connection, or the two headers
 // the middleware sets itself.
-var neverReplayed = map[string]bool{
-	"Set-Cookie":          true,
-	"Set-Cookie2":         true,
-	"Date":                true,
-	"Connection":          true,
-	"Keep-Alive":          true,
-	"Proxy-Connection":    true,
-	"Proxy-Authenticate":  true,
-	"Proxy-Authorization": true,
-	"Te":                  true,
-	"Trailer":             true,
-	"Transfer-Encoding":   true,
-	"Upgrade":             true,
-	"Content-Length":      true, // recomputed from the stored body
-	HeaderKey:             true,
-	HeaderReplayed:        true,
+var neverReplayed = []string{
+	"Set-Cookie",
+	"Set-Cookie2",
+	"Date",
+	"Connection",
+	"Keep-Alive",
+	"Proxy-Connection",
+	"Proxy-Authenticate",
+	"Proxy-Authorization",
+	"Te",
+	"Trailer",
+	"Transfer-Encoding",
+	"Upgrade",
+	"Content-Length", // recomputed from the stored body
+	HeaderKey,
+	HeaderReplayed,
 }
 
 // Config configures a Middleware. A tenant rule (TenantFunc, or
@@ -125,10 +128,12 @@ type Config struct {
 	// or learn that a key was used. An error answers 401 and nothing is
 	// stored. Authentication normally sits in front of this middleware and
 	// has already refused unknown callers; TenantFunc only reads what it
-	// left in the request context. A tenant holding a control character
-	// (a byte below 0x20, or 0x7f) is a bug of the server: it is never
-	// used, the request is answered 500 and the error logged (idem keeps
-	// such tenants for its own use: the inbox's start with 0x1f).
+	// left in the request context. A tenant that is not valid UTF-8 or
+	// holds a control character (C0, DEL or C1) is a bug of the server
+	// (idemfront.ValidateTenant): it is never used, the request is
+	// answered 500 and the error logged, rather than fail in the store as
+	// an outage every retry meets again (idem keeps control-character
+	// tenants for its own use: the inbox's start with 0x1f).
 	//
 	// Required unless SharedKeySpace is set.
 	TenantFunc func(r *http.Request) (string, error)
@@ -247,6 +252,11 @@ type Config struct {
 	// clients.
 	WaitInFlight time.Duration
 
+	// RetryAfter is the delay a 409 in-flight and a 503 advise before the
+	// retry (Retry-After, rounded up to whole seconds, at least 1).
+	// Defaults to 1s.
+	RetryAfter time.Duration
+
 	// Mode says what is stored. Defaults to idem.ModeResponse. In
 	// idem.ModeReference a 2xx or 3xx response stores only its status and
 	// the reference the handler gave to SetReference; in idem.ModeMarker
@@ -335,10 +345,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("idemhttp: unknown storage mode %d", c.Mode)
 	}
 	for _, name := range c.ReplayHeaders {
-		if !validToken(name) {
+		if !idemfront.ValidHeaderName(name) {
 			return fmt.Errorf("idemhttp: ReplayHeaders: %q is not a header name", name)
 		}
-		if neverReplayed[http.CanonicalHeaderKey(name)] {
+		if slices.ContainsFunc(neverReplayed, func(n string) bool { return strings.EqualFold(n, name) }) {
 			return fmt.Errorf("idemhttp: header %s can never be replayed", name)
 		}
 	}
@@ -346,19 +356,4 @@ func (c *Config) validate() error {
 		c.Logger = slog.Default()
 	}
 	return nil
-}
-
-// validToken reports whether name is an HTTP field name (an RFC 9110
-// token): what a store accepts in a stored header.
-func validToken(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
 }

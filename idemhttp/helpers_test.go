@@ -199,21 +199,3 @@ func (e *env) wantAbsent(t *testing.T, tenant, key string) {
 		t.Fatalf("record for %q/%q exists (state %s), want none", tenant, key, rec.State)
 	}
 }
-
-// retryWhileInFlight sends the request until it is no longer answered 409
-// in-flight.
-func retryWhileInFlight(t *testing.T, h http.Handler, req func() *http.Request) *httptest.ResponseRecorder {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		w := serve(h, req())
-		if w.Code != http.StatusConflict {
-			return w
-		}
-		wantProblem(t, w, http.StatusConflict, "in-flight")
-		if time.Now().After(deadline) {
-			t.Fatal("still in flight after 10s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemfront"
 	"github.com/idem-go/idem/internal/fieldtext"
 )
 
@@ -21,8 +23,9 @@ import (
 type Middleware struct {
 	config     Config
 	engine     *idem.Engine
+	front      *idemfront.Front // the answers to the engine's errors
 	methods    []string
-	replay     headerSet          // canonical names of the headers stored
+	replay     *idemfront.Headers // the headers stored and replayed
 	retryAfter []string           // the Retry-After value, in whole seconds
 	problems   *problems          // the texts true for the engine's store
 	tracer     idem.RequestTracer // the engine's tracer, when it traces requests
@@ -45,58 +48,29 @@ func NewMiddleware(engine *idem.Engine, config *Config) (*Middleware, error) {
 		return nil, err
 	}
 
+	front, err := idemfront.New(engine, &idemfront.Config{RetryAfter: cfg.RetryAfter})
+	if err != nil {
+		return nil, err
+	}
+	// validate has refused what NewHeaders would.
+	replay, err := idemfront.NewHeaders(append(slices.Clip(DefaultReplayHeaders), cfg.ReplayHeaders...), neverReplayed)
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: ReplayHeaders: %w", err)
+	}
 	m := &Middleware{
 		config:   cfg,
 		engine:   engine,
+		front:    front,
 		methods:  cfg.Methods,
+		replay:   replay,
 		problems: &problemsNotTransactional,
 	}
-	if engine.Store().Info().Transactional {
+	if front.Transactional() {
 		m.problems = &problemsTransactional
 	}
-	for _, name := range DefaultReplayHeaders {
-		m.replay.add(http.CanonicalHeaderKey(name))
-	}
-	for _, name := range config.ReplayHeaders {
-		m.replay.add(http.CanonicalHeaderKey(name))
-	}
-	m.retryAfter = []string{strconv.Itoa(retryAfterSeconds(engine.Config().RetryAfter))}
+	m.retryAfter = []string{strconv.Itoa(retryAfterSeconds(front.RetryAfter()))}
 	m.tracer, _ = engine.Config().Tracer.(idem.RequestTracer)
 	return m, nil
-}
-
-// headerSet is a set of header names, filed by length: a lookup compares
-// the one or two names of the same length, which costs less than hashing
-// the name for a map, on every header of every response.
-type headerSet struct {
-	byLen [32][]string
-	long  map[string]bool // names too long for byLen
-}
-
-func (s *headerSet) add(name string) {
-	if s.has(name) {
-		return
-	}
-	if len(name) < len(s.byLen) {
-		s.byLen[len(name)] = append(s.byLen[len(name)], name)
-		return
-	}
-	if s.long == nil {
-		s.long = make(map[string]bool)
-	}
-	s.long[name] = true
-}
-
-func (s *headerSet) has(name string) bool {
-	if len(name) >= len(s.byLen) {
-		return s.long[name]
-	}
-	for _, n := range s.byLen[len(name)] {
-		if n == name {
-			return true
-		}
-	}
-	return false
 }
 
 // retryAfterSeconds rounds d up to whole seconds, at least 1: Retry-After
@@ -163,12 +137,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if tenant, err = m.config.TenantFunc(r); err != nil {
 			return idem.RequestUnauthenticated, writeProblem(w, problemUnauthenticated)
 		}
-		if hasCTL(tenant) {
-			// Control characters name tenants idem keeps for itself (the
-			// inbox's start with 0x1f): using one would share their key
-			// space. A server bug, not the caller's.
-			m.config.Logger.ErrorContext(r.Context(), "idemhttp: Config.TenantFunc returned a tenant holding a control character; request refused",
-				slog.String("tenant", fieldtext.Escape(tenant)), slog.String("key", key))
+		if err := idemfront.ValidateTenant(tenant); err != nil {
+			// Not UTF-8, or a control character (which names the key
+			// spaces idem keeps for itself): a server bug, not the
+			// caller's, and no store outage either.
+			m.config.Logger.ErrorContext(r.Context(), "idemhttp: Config.TenantFunc returned a tenant that cannot be used; request refused",
+				slog.String("tenant", fieldtext.Escape(tenant)), slog.String("key", key), slog.Any("error", err))
 			return idem.RequestInternalError, writeProblem(w, problemInternal)
 		}
 	}
@@ -198,8 +172,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		x.ctx, x.timed = t.ctx, true
 	}
 	if !m.config.CancelOnDisconnect {
-		x.detached = detached{values: x.ctx, life: m.config.ShutdownContext}
-		x.ctx = &x.detached
+		var stop func()
+		x.ctx, stop = idemfront.Detach(x.ctx, m.config.ShutdownContext)
+		defer stop()
 	}
 	out, err := m.engine.Do(x.ctx, op, x.do)
 	if t != nil {
@@ -223,69 +198,6 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	return m.writeError(x, op, err)
 }
 
-// hasCTL reports whether s holds a control character (below 0x20, or
-// 0x7f).
-func hasCTL(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c == 0x7f {
-			return true
-		}
-	}
-	return false
-}
-
-// detached is the context a handler runs on when its client's going away
-// must not cancel it: the request's values without its cancellation, as
-// context.WithoutCancel makes (built inside the exchange, it costs no
-// allocation), ended by Config.ShutdownContext when there is one. The
-// engine adds the end of the lease.
-type detached struct {
-	values context.Context // the request's
-	life   context.Context // Config.ShutdownContext; nil: never ends
-}
-
-func (c *detached) Deadline() (time.Time, bool) {
-	if c.life == nil {
-		return time.Time{}, false
-	}
-	return c.life.Deadline()
-}
-
-func (c *detached) Done() <-chan struct{} {
-	if c.life == nil {
-		return nil
-	}
-	return c.life.Done()
-}
-
-func (c *detached) Err() error {
-	if c.life == nil {
-		return nil
-	}
-	return c.life.Err()
-}
-
-// Value answers the request's values, then the life context's. One value
-// is held back: the request's own cancellation, which the context package
-// looks up as a value (to find the cause of a cancellation, or the
-// context a derived one hangs on); it is the value that is itself a
-// context ending with the request. Held back, context.Cause finds the
-// life context's instead, or none, as it does for context.WithoutCancel.
-func (c *detached) Value(key any) any {
-	v := c.values.Value(key)
-	if vc, ok := v.(context.Context); ok {
-		if done := vc.Done(); done != nil && done == c.values.Done() {
-			v = nil
-		}
-	}
-	if v == nil && c.life != nil {
-		return c.life.Value(key)
-	}
-	return v
-}
-
-func (c *detached) String() string { return "idemhttp.detached" }
-
 // exchange is one protected request. What it hands the handler (the
 // recorder as its ResponseWriter, the body as its Request.Body) is
 // allocated with it and never reused: a handler, or a goroutine it
@@ -293,20 +205,19 @@ func (c *detached) String() string { return "idemhttp.detached" }
 // refuse service. The buffers behind them, which only the middleware
 // touches once the handler has returned, come from a pool.
 type exchange struct {
-	m        *Middleware
-	w        http.ResponseWriter
-	r        *http.Request
-	next     http.Handler
-	ctx      context.Context // what Engine.Do was given
-	detached detached
-	body     requestBody
-	rec      recorder
-	ran      bool          // the handler was called
-	timed    bool          // traced: started and pattern are wanted
-	started  time.Duration // when the handler was called (monotonic()), if timed
-	pattern  string        // the pattern a ServeMux behind set on the handler's request, if timed
-	fp       [sha256.Size]byte
-	scratch  *scratch
+	m       *Middleware
+	w       http.ResponseWriter
+	r       *http.Request
+	next    http.Handler
+	ctx     context.Context // what Engine.Do was given
+	body    requestBody
+	rec     recorder
+	ran     bool          // the handler was called
+	timed   bool          // traced: started and pattern are wanted
+	started time.Duration // when the handler was called (monotonic()), if timed
+	pattern string        // the pattern a ServeMux behind set on the handler's request, if timed
+	fp      [sha256.Size]byte
+	scratch *scratch
 }
 
 // scratch holds the buffers an exchange borrows.
@@ -466,14 +377,12 @@ func (m *Middleware) storedErrorHeader(out map[string][]string, h http.Header) m
 // transaction) for a retry to run again.
 func (m *Middleware) storedHeader(out map[string][]string, h http.Header) map[string][]string {
 	for k, v := range h {
-		if !m.replay.has(k) {
-			// A handler that wrote the map directly (h["ETag"]) is
-			// replayed too, under the canonical name stores keep.
-			if k = http.CanonicalHeaderKey(k); !m.replay.has(k) {
-				continue
-			}
+		if !m.replay.Stored(k) {
+			continue
 		}
-		out[k] = withoutCTL(v)
+		// A handler that wrote the map directly (h["ETag"]) is replayed
+		// too, under the canonical name.
+		out[http.CanonicalHeaderKey(k)] = withoutCTL(v)
 	}
 	if len(out) == 0 {
 		return nil
@@ -504,9 +413,10 @@ func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *r
 	h[HeaderReplayed] = replayedTrue
 	for k, v := range res.Header {
 		// Checked again on the way out: the record may have been stored
-		// under another configuration, or by another program.
-		if !neverReplayed[k] {
-			h[k] = v
+		// under another configuration, or by another program (a front
+		// end that keeps lowercase names, as gRPC metadata is).
+		if m.replay.Replayable(k) {
+			h[http.CanonicalHeaderKey(k)] = v
 		}
 	}
 	w.WriteHeader(res.Status)
@@ -568,7 +478,9 @@ func (t *writeTracker) Write(p []byte) (int, error) {
 
 func (t *writeTracker) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
-// writeError answers a failed Engine.Do, and says how.
+// writeError answers a failed Engine.Do, and says how: the errors of the
+// middleware's own first, then the engine's, by the kind idemfront gives
+// them.
 func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) (idem.RequestOutcome, int) {
 	w := x.w
 	var rec *recorder
@@ -582,18 +494,7 @@ func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) (idem
 	}
 	ctx := x.ctx
 	log := m.config.Logger
-	p := m.problems
-	var panicErr *idem.PanicError
 	switch {
-	case errors.As(err, &panicErr):
-		if panicErr.Value == http.ErrAbortHandler {
-			// The engine has rolled back and released; let net/http abort
-			// the response as the handler meant.
-			panic(http.ErrAbortHandler)
-		}
-		log.ErrorContext(ctx, "idemhttp: handler panicked",
-			slog.String("key", op.Key), slog.Any("panic", panicErr.Value), slog.String("stack", string(panicErr.Stack)))
-		return idem.RequestHandlerPanic, writeProblem(w, p.handlerPanic)
 	case errors.Is(err, errReleased5xx):
 		status := rec.finalStatus()
 		rec.deliver(status, rec.body)
@@ -609,56 +510,60 @@ func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) (idem
 		status := rec.finalStatus()
 		rec.deliver(status, rec.body)
 		return idem.RequestIncomplete, status
-	case errors.Is(err, idem.ErrFingerprintMismatch):
-		return idem.RequestFingerprintMismatch, writeProblem(w, problemFingerprintMismatch)
-	case errors.Is(err, idem.ErrInFlight):
+	}
+	var panicErr *idem.PanicError
+	if errors.As(err, &panicErr) && panicErr.Value == http.ErrAbortHandler {
+		// The engine has rolled back and released; let net/http abort
+		// the response as the handler meant.
+		panic(http.ErrAbortHandler)
+	}
+	a := m.front.Classify(err, idemfront.State{Ran: x.ran, Ctx: ctx, CallerCtx: x.r.Context()})
+	var attrs []slog.Attr
+	if a.Kind == idemfront.ResponseTooLarge {
+		attrs = append(attrs, slog.Int64("limit", m.config.MaxResponseBody))
+	}
+	a.Log(ctx, log, "idemhttp", op.Key, attrs...)
+	if a.Kind == idemfront.InFlight || a.Kind == idemfront.StoreUnavailable || a.Kind == idemfront.StepNotSaved {
 		w.Header()["Retry-After"] = m.retryAfter
-		return idem.RequestInFlight, writeProblem(w, problemInFlight)
-	case errors.Is(err, idem.ErrLeaseLost):
-		log.WarnContext(ctx, "idemhttp: lease lost to a takeover; answer discarded",
-			slog.String("key", op.Key))
-		return idem.RequestLeaseLost, writeProblem(w, p.leaseLost)
-	case errors.Is(err, ErrResponseTooLarge):
-		log.ErrorContext(ctx, "idemhttp: response larger than MaxResponseBody; discarded and key released",
-			slog.String("key", op.Key), slog.Int64("limit", m.config.MaxResponseBody))
-		return idem.RequestResponseTooLarge, writeProblem(w, p.responseTooLarge)
-	case ctx.Err() != nil && !(x.ran && errors.Is(err, idem.ErrStore)):
-		// Checked before the store: a cancelled claim also fails as a
-		// store error, but the store is not to blame. Once the handler
-		// ran, a store error is the store's, and says what became of the
-		// work.
-		if x.ran {
-			return idem.RequestCancelled, writeProblem(w, p.requestCancelledRan)
+	}
+	return a.Kind.Outcome(), writeProblem(w, m.problemFor(a))
+}
+
+// problemFor returns the problem that answers a: the texts that say what
+// became of the work follow whether the handler ran and the store.
+func (m *Middleware) problemFor(a idemfront.Answer) *problem {
+	p := m.problems
+	switch a.Kind {
+	case idemfront.Panicked:
+		return p.handlerPanic
+	case idemfront.Mismatch:
+		return problemFingerprintMismatch
+	case idemfront.InFlight:
+		return problemInFlight
+	case idemfront.LeaseLost:
+		return p.leaseLost
+	case idemfront.ResponseTooLarge:
+		return p.responseTooLarge
+	case idemfront.Cancelled:
+		if a.Ran {
+			return p.requestCancelledRan
 		}
-		return idem.RequestCancelled, writeProblem(w, p.requestCancelled)
-	case !x.ran && x.r.Context().Err() != nil && errors.Is(err, x.r.Context().Err()):
-		// A request that waited for the execution in flight, and whose
-		// client went away meanwhile.
-		return idem.RequestCancelled, writeProblem(w, p.requestCancelled)
-	case errors.Is(err, idem.ErrStore):
-		log.WarnContext(ctx, "idemhttp: store failed; request not completed",
-			slog.String("key", op.Key), slog.Bool("handler_ran", x.ran), slog.Any("error", err))
-		w.Header()["Retry-After"] = m.retryAfter
-		if x.ran {
-			return idem.RequestStoreUnavailable, writeProblem(w, p.storeUnavailableRan)
+		return p.requestCancelled
+	case idemfront.StoreUnavailable:
+		if a.Ran {
+			return p.storeUnavailableRan
 		}
-		return idem.RequestStoreUnavailable, writeProblem(w, p.storeUnavailable)
-	case errors.Is(err, idem.ErrInvalidKey):
-		return idem.RequestInvalidKey, writeProblem(w, problemInvalidKey)
-	case errors.Is(err, idem.ErrStepNotSaved):
+		return p.storeUnavailable
+	case idemfront.InvalidKey:
+		return problemInvalidKey
+	case idemfront.StepNotSaved:
 		// A step's effect stands without its record: the key is held
 		// until its lease ends, then a retry takes it over.
-		log.ErrorContext(ctx, "idemhttp: a step ran but its result was not recorded; answer discarded, key held until its lease ends",
-			slog.String("key", op.Key), slog.Any("error", err))
-		w.Header()["Retry-After"] = m.retryAfter
-		return idem.RequestStepNotSaved, writeProblem(w, p.storeUnavailableRan)
-	case errors.Is(err, idem.ErrWritesAborted):
-		log.ErrorContext(ctx, "idemhttp: the handler answered a success after a failed SQL statement aborted its transaction; answer discarded, key released",
-			slog.String("key", op.Key))
-		return idem.RequestInternalError, writeProblem(w, problemInternal)
+		return p.storeUnavailableRan
 	}
-	log.ErrorContext(ctx, "idemhttp: unexpected engine error", slog.String("key", op.Key), slog.Any("error", err))
-	return idem.RequestInternalError, writeProblem(w, problemInternal)
+	// Internal and Closed: a success answered after a failed SQL
+	// statement, a closed engine, an error nobody expected.
+	return problemInternal
 }
 
 // withoutCTL returns values with every control character but tab as a

@@ -319,14 +319,14 @@ func TestInFlightRetryAfter(t *testing.T) {
 		retryAfter time.Duration
 		want       string
 	}{
-		{0, "1"}, // the engine's default, 1s
+		{0, "1"}, // the default, 1s
 		{1500 * time.Millisecond, "2"},
 		{10 * time.Millisecond, "1"},
 		{3 * time.Second, "3"},
 	} {
-		e := newEnv(t, &idem.Config{RetryAfter: tc.retryAfter})
+		e := newEnv(t, nil)
 		b := newBlocking("first")
-		h := e.handler(t, idemhttp.Config{}, b)
+		h := e.handler(t, idemhttp.Config{RetryAfter: tc.retryAfter}, b)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)

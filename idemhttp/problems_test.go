@@ -1,10 +1,7 @@
 package idemhttp_test
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,23 +10,8 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemhttp/idemhttptest"
 )
-
-// completeFails is a store whose completions fail, as when the store
-// goes away while the handler runs.
-type completeFails struct{ idem.Store }
-
-func (s completeFails) Begin(ctx context.Context) (idem.UnitOfWork, error) {
-	u, err := s.Store.Begin(ctx)
-	return failingUnit{u}, err
-}
-
-type failingUnit struct{ idem.UnitOfWork }
-
-func (u failingUnit) Complete(ctx context.Context, _ idem.CompleteParams) error {
-	u.UnitOfWork.Rollback(ctx)
-	return errors.New("connection lost")
-}
 
 // detail returns the detail of the problem w answered.
 func detail(t *testing.T, w *httptest.ResponseRecorder) string {
@@ -42,69 +24,10 @@ func detail(t *testing.T, w *httptest.ResponseRecorder) string {
 }
 
 // The problems that tell what became of the work say what is true for the
-// store in use: rolled back on a transactional one; standing, with the key
-// kept until its lease ends, on one without transactions.
+// store: here one without transactions; tests/idemhttp runs the same
+// check on SQLite and PostgreSQL.
 func TestProblemTextsFollowTheStore(t *testing.T) {
-	type failure struct {
-		slug   string
-		status int
-		config idemhttp.Config
-		fail   func(w http.ResponseWriter, r *http.Request, cancel func())
-	}
-	failures := []failure{
-		{"handler-panic", 500, idemhttp.Config{}, func(http.ResponseWriter, *http.Request, func()) { panic("boom") }},
-		{"request-cancelled", 500, idemhttp.Config{CancelOnDisconnect: true}, func(w http.ResponseWriter, _ *http.Request, cancel func()) {
-			cancel()
-			w.WriteHeader(http.StatusCreated)
-		}},
-		{"store-unavailable", 503, idemhttp.Config{}, func(w http.ResponseWriter, _ *http.Request, _ func()) { w.WriteHeader(http.StatusCreated) }},
-		{"response-too-large", 500, idemhttp.Config{MaxResponseBody: 10}, func(w http.ResponseWriter, _ *http.Request, _ func()) {
-			io.WriteString(w, "more than ten bytes")
-		}},
-	}
-	stores := []struct {
-		name          string
-		transactional bool
-		store         func(t *testing.T) idem.Store
-	}{
-		{"memory", false, func(t *testing.T) idem.Store { return newEnv(t, nil).store }},
-		// The transactional stores run this test in the tests module.
-	}
-	for _, st := range stores {
-		for _, f := range failures {
-			t.Run(st.name+"/"+f.slug, func(t *testing.T) {
-				store := st.store(t)
-				if f.slug == "store-unavailable" {
-					store = completeFails{store}
-				}
-				engine, err := idem.NewEngine(store, &idem.Config{Logger: quietLogger})
-				if err != nil {
-					t.Fatal(err)
-				}
-				cfg := f.config
-				cfg.TenantFunc, cfg.Logger = tenantOf, quietLogger
-				m, err := idemhttp.NewMiddleware(engine, &cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithCancel(t.Context())
-				defer cancel()
-				h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { f.fail(w, r, cancel) }))
-				w := serve(h, request(http.MethodPost, "/orders", "k1", "a").WithContext(ctx))
-				wantProblem(t, w, f.status, f.slug)
-				d := detail(t, w)
-				if st.transactional {
-					if !strings.Contains(d, "rolled back") || strings.Contains(d, "cannot roll") {
-						t.Fatalf("detail %q: want it to say the work was rolled back", d)
-					}
-				} else {
-					if strings.Contains(d, "rolled back") || !strings.Contains(d, "cannot roll work back") {
-						t.Fatalf("detail %q: want it to say the work stands", d)
-					}
-				}
-			})
-		}
-	}
+	idemhttptest.CheckProblemTexts(t, func(t *testing.T) idem.Store { return newEnv(t, nil).store })
 }
 
 // Lease lost on a store without transactions: the slow execution's work

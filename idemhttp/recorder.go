@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+
+	"github.com/idem-go/idem/idemfront"
 )
 
 // ErrHijack is returned by the Hijack method of the ResponseWriter a
@@ -22,7 +24,8 @@ var ErrHijack = errors.New("idemhttp: a protected request cannot hijack its conn
 // ResponseWriter a protected handler sees once the response exceeds
 // Config.MaxResponseBody. The handler may stop writing: the answer will be
 // a 500 problem, its work rolled back and the key released.
-var ErrResponseTooLarge = errors.New("idemhttp: response too large to store")
+// It wraps idemfront.ErrResponseTooLarge, the kit's name for it.
+var ErrResponseTooLarge = fmt.Errorf("idemhttp: response too large to store: %w", idemfront.ErrResponseTooLarge)
 
 // ErrHandlerReturned is returned by the Write, WriteString and ReadFrom
 // methods of the ResponseWriter a protected handler saw, once that

@@ -51,7 +51,7 @@ func BenchmarkPayments(b *testing.B) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE payments (id bigserial PRIMARY KEY, ref text NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}
-	eng := mustEngine(b, must(idempg.NewStore(pool, nil)))
+	eng := mustEngine(b, testenv.Must(idempg.NewStore(pool, nil)))
 	pay := func(ref string) func(ctx context.Context) (idem.Result, error) {
 		return func(ctx context.Context) (idem.Result, error) {
 			time.Sleep(cardNetwork) // the card network answers

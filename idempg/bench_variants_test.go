@@ -63,7 +63,7 @@ func variantEngine(b *testing.B, edit func(s *Store), wrap func(s *Store) idem.S
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, ref text NOT NULL, note text)`); err != nil {
 		b.Fatal(err)
 	}
-	s := must(NewStore(pool, &Config{ClaimBatchSize: 1}))
+	s := testenv.Must(NewStore(pool, &Config{ClaimBatchSize: 1}))
 	var store idem.Store = s
 	if edit != nil {
 		edit(s)
@@ -95,7 +95,7 @@ func lockReplay(s *Store) {
 
 // batched sends claims in batches, as New does.
 func batched(s *Store) {
-	s.batcher = must(NewStore(s.pool, nil)).batcher
+	s.batcher = testenv.Must(NewStore(s.pool, nil)).batcher
 	s.batcher.store = s
 }
 

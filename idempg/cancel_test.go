@@ -12,6 +12,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/internal/atonce"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -134,7 +135,7 @@ func TestUnreachableDatabaseStartsNoRelease(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer pool.Close()
-			store := must(idempg.NewStore(pool, mode.config))
+			store := testenv.Must(idempg.NewStore(pool, mode.config))
 			for i := range 20 {
 				_, err := store.Claim(context.Background(), idem.ClaimParams{Tenant: "t", Key: fmt.Sprintf("k%d", i), Token: int64(i + 1), Lease: time.Minute, Retention: time.Hour})
 				if err == nil {

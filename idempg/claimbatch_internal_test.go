@@ -55,7 +55,7 @@ func TestClaimBatches(t *testing.T) {
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	store := must(NewStore(pool, nil))
+	store := testenv.Must(NewStore(pool, nil))
 	b := store.batcher
 
 	// Uncommitted rows: a batch that claims one of these keys waits on its

@@ -55,7 +55,7 @@ func newEnvWith(t testing.TB, maxConns int32, config *idempg.Config) *env {
 	if _, err := e.pool.Exec(ctx, businessTable); err != nil {
 		t.Fatalf("business table: %v", err)
 	}
-	e.store, e.other = must(idempg.NewStore(e.pool, config)), must(idempg.NewStore(e.peer, config))
+	e.store, e.other = testenv.Must(idempg.NewStore(e.pool, config)), testenv.Must(idempg.NewStore(e.peer, config))
 	return e
 }
 

@@ -47,13 +47,13 @@ func TestRoundTrips(t *testing.T) {
 	if _, err := pool.Exec(ctx, businessTable); err != nil {
 		t.Fatal(err)
 	}
-	eng := mustEngine(t, must(idempg.NewStore(pool, nil)))
+	eng := mustEngine(t, testenv.Must(idempg.NewStore(pool, nil)))
 	// pgx forgets a prepared statement that failed, and the BEGIN sent in
 	// its batch, and then deallocates and prepares them again: two round
 	// trips of pgx's after every failure. A pool that prepares nothing
 	// counts the store's alone.
 	unprepared, unpreparedWrites := countingPool(t, url, pgx.QueryExecModeExec)
-	unpreparedEng := mustEngine(t, must(idempg.NewStore(unprepared, nil)))
+	unpreparedEng := mustEngine(t, testenv.Must(idempg.NewStore(unprepared, nil)))
 
 	fresh := func(i int) error {
 		_, err := eng.Do(ctx, idem.Operation{Tenant: "t", Key: fmt.Sprint("k", i)}, createOrder(int64(i)))

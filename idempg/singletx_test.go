@@ -12,6 +12,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/internal/atonce"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -19,7 +20,7 @@ import (
 func newSingleEnv(t *testing.T, maxConns int32) (*env, *idem.Engine) {
 	t.Helper()
 	e := newEnvWith(t, maxConns, &idempg.Config{SingleTransaction: true})
-	eng := must(idem.NewEngine(e.store, nil))
+	eng := testenv.Must(idem.NewEngine(e.store, nil))
 	t.Cleanup(func() { _ = eng.Close(context.Background()) })
 	return e, eng
 }

@@ -30,7 +30,7 @@ func stepsEnv(t *testing.T) (*Store, *pgxpool.Pool) {
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	return must(NewStore(pool, nil)), other
+	return testenv.Must(NewStore(pool, nil)), other
 }
 
 func stepsOf(pairs ...string) []byte {

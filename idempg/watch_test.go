@@ -411,7 +411,7 @@ func migratedUpTo(t *testing.T, stop string) *pgxpool.Pool {
 func TestWatchBeforeNotifyToken(t *testing.T) {
 	ctx := context.Background()
 	pool := migratedUpTo(t, "0005")
-	st := must(idempg.NewStore(pool, nil))
+	st := testenv.Must(idempg.NewStore(pool, nil))
 	p := claimIn(t, st, "t", "completed", time.Hour)
 	changed, stop := watch(t, st, p.Tenant, p.Key)
 	defer stop()
@@ -434,7 +434,7 @@ func TestWatchBeforeNotifyToken(t *testing.T) {
 func TestWatchWithoutMigration(t *testing.T) {
 	ctx := context.Background()
 	pool := migratedUpTo(t, "0004")
-	st := must(idempg.NewStore(pool, nil))
+	st := testenv.Must(idempg.NewStore(pool, nil))
 	p := claimIn(t, st, "t", "k", time.Hour)
 	if _, _, err := st.Watch(ctx, p.Tenant, p.Key); err == nil || !strings.Contains(err.Error(), "Migrate") {
 		t.Fatalf("Watch without the waiters column = %v, want an error saying to run Migrate", err)

@@ -88,8 +88,8 @@ func newTestDBAt(t testing.TB, dialect idemsql.Dialect, dsn string) *testDB {
 	if _, err := env.db.ExecContext(ctx, `CREATE TABLE business (id VARCHAR(255) NOT NULL)`); err != nil {
 		t.Fatalf("create business table: %v", err)
 	}
-	env.store = must(idemsql.NewStore(env.db, dialect))
-	env.peer = must(idemsql.NewStore(env.peerDB, dialect))
+	env.store = testenv.Must(idemsql.NewStore(env.db, dialect))
+	env.peer = testenv.Must(idemsql.NewStore(env.peerDB, dialect))
 	return env
 }
 

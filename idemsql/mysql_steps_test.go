@@ -42,7 +42,7 @@ func TestMySQLStepsPastPacketLimit(t *testing.T) {
 	}
 	db := sql.OpenDB(connector)
 	defer db.Close()
-	st := must(idemsql.NewStore(db, idemmysql.Dialect))
+	st := testenv.Must(idemsql.NewStore(db, idemmysql.Dialect))
 
 	tenant := newName("tenant")
 	p := claimParams(tenant, "order-1", "fp")

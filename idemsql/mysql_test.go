@@ -60,7 +60,7 @@ func TestMySQLSessionSettings(t *testing.T) {
 			}
 			db := sql.OpenDB(connector)
 			defer db.Close()
-			st := must(idemsql.NewStore(db, idemmysql.Dialect))
+			st := testenv.Must(idemsql.NewStore(db, idemmysql.Dialect))
 			checkLifecycle(t, st)
 		})
 	}
@@ -141,7 +141,7 @@ func TestMySQLClientFoundRows(t *testing.T) {
 	if err := idemmigrate.Migrate(ctx, db, idemmigrate.MySQL); err != nil {
 		t.Fatal(err)
 	}
-	st := must(idemsql.NewStore(db, idemmysql.Dialect))
+	st := testenv.Must(idemsql.NewStore(db, idemmysql.Dialect))
 	checkLifecycle(t, st)
 
 	tenant := newName("tenant")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // Helper processes: the test binary runs itself as a second (third…)
@@ -49,7 +50,7 @@ func TestHelperProcess(t *testing.T) {
 		fmt.Println("error:", err)
 		os.Exit(2)
 	}
-	env := &testDB{dialect: dialect, db: db, store: must(idemsql.NewStore(db, dialect))}
+	env := &testDB{dialect: dialect, db: db, store: testenv.Must(idemsql.NewStore(db, dialect))}
 	tenant := os.Getenv(helperTenant)
 	switch role {
 	case "crash":

@@ -20,6 +20,7 @@ import (
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/idemsql/idemmysql"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // charge is what the tests' steps return: a card charge made outside the
@@ -92,7 +93,7 @@ func TestSaveStepFencedFoundRows(t *testing.T) {
 		cfg.ClientFoundRows = found
 		db := sqlOpen(t, "mysql", cfg.FormatDSN())
 		defer db.Close()
-		st := must(idemsql.NewStore(db, idemmysql.Dialect))
+		st := testenv.Must(idemsql.NewStore(db, idemmysql.Dialect))
 		ctx := context.Background()
 		p := claimParams(newName("tenant"), "order-1", "fp")
 		mustClaim(t, st, p, true)
@@ -594,7 +595,7 @@ func TestReplayIsOneRead(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, env *testDB) {
 		ctx := context.Background()
 		db, log := openLogged(t, env)
-		engine := newEngine(t, must(idemsql.NewStore(db, env.dialect)), nil)
+		engine := newEngine(t, testenv.Must(idemsql.NewStore(db, env.dialect)), nil)
 		op := idem.Operation{Tenant: newName("tenant"), Key: "order-1", Fingerprint: []byte("fp")}
 		if _, err := engine.Do(ctx, op, func(context.Context) (idem.Result, error) { return idem.Result{Status: 201}, nil }); err != nil {
 			t.Fatal(err)
@@ -749,7 +750,7 @@ func TestAsyncClaimRestoresSync(t *testing.T) {
 	open := env.db.Stats().OpenConnections
 	conns := make([]*sql.Conn, open)
 	for i := range conns {
-		conns[i] = must(env.db.Conn(ctx))
+		conns[i] = testenv.Must(env.db.Conn(ctx))
 		defer conns[i].Close()
 	}
 	for i, c := range conns {

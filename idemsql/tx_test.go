@@ -13,6 +13,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/idemsql/idemmysql"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 func newEngine(t testing.TB, st idem.Store, cfg *idem.Config) *idem.Engine {
@@ -66,7 +67,7 @@ func TestTransactionBeginsAtFirstStatement(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, env *testDB) {
 		ctx := context.Background()
 		db, log := openLogged(t, env)
-		engine := newEngine(t, must(idemsql.NewStore(db, env.dialect)), nil)
+		engine := newEngine(t, testenv.Must(idemsql.NewStore(db, env.dialect)), nil)
 		tenant := newName("tenant")
 		do := func(key string, fn func(ctx context.Context) (idem.Result, error)) {
 			t.Helper()

@@ -171,7 +171,7 @@ func (m *mariadb) target(db *sql.DB) *target {
 		claimsDurable: m.flush == "1",
 	}
 	if db != nil {
-		tg.store = must(idemsql.NewStore(db, idemmysql.Dialect))
+		tg.store = testenv.Must(idemsql.NewStore(db, idemmysql.Dialect))
 	}
 	return tg
 }

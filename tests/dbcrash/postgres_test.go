@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // pgTx is the handler's transaction, through idempg's accessor.
@@ -136,7 +137,7 @@ func (pg *postgres) target(pool *pgxpool.Pool) *target {
 		read: pg.read,
 	}
 	if pool != nil {
-		tg.store = must(idempg.NewStore(pool, nil))
+		tg.store = testenv.Must(idempg.NewStore(pool, nil))
 	}
 	return tg
 }
@@ -228,7 +229,7 @@ func TestPostgresClaimFlushedByBusinessCommit(t *testing.T) {
 	pg := startPostgres(t, "autovacuum=off")
 	pool := pg.pool(t, 4)
 	ctx := context.Background()
-	store := must(idempg.NewStore(pool, &idempg.Config{ClaimBatchSize: 1}))
+	store := testenv.Must(idempg.NewStore(pool, &idempg.Config{ClaimBatchSize: 1}))
 	engine, err := idem.NewEngine(store, &idem.Config{Lease: time.Minute, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/idemsql/idemsqlite"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // The callers of fieldtext, on a real store (SQLite, whose records go
@@ -31,7 +32,7 @@ func sqliteStore(t *testing.T) *idemsql.Store {
 	if err := idemmigrate.Migrate(context.Background(), db, idemmigrate.SQLite); err != nil {
 		t.Fatal(err)
 	}
-	return must(idemsql.NewStore(db, idemsql.SQLite))
+	return testenv.Must(idemsql.NewStore(db, idemsql.SQLite))
 }
 
 func TestHeaderRefusesC1AndDEL(t *testing.T) {

@@ -3,9 +3,10 @@ package idemclient_test
 // Third-party retrying clients (stripe-go, go-retryablehttp) against an
 // idem-protected handler whose first response is lost after the commit:
 // each must end with exactly one execution and the original answer. Each
-// test fails if the server runs the operation twice. They are the only
-// tests of the package that import modules from outside the project; the
-// servers and helpers they use are in server_test.go.
+// test fails if the server runs the operation twice. They live in the
+// tests module because they import modules from outside the project; the
+// server they call is internal/stripeserver, which idemclient's own tests
+// call too.
 
 import (
 	"context"
@@ -21,11 +22,12 @@ import (
 	"github.com/stripe/stripe-go/v82"
 
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/internal/stripeserver"
 )
 
 func TestStripeGoRetryGetsOriginalCustomer(t *testing.T) {
-	c := &customers{}
-	srv, a := lostFirstResponse(t, c)
+	c := &stripeserver.Customers{}
+	srv, a := stripeserver.LostFirstResponse(t, c)
 	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
 		URL:               stripe.String(srv.URL),
 		HTTPClient:        srv.Client(),
@@ -41,7 +43,7 @@ func TestStripeGoRetryGetsOriginalCustomer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkOneExecution(t, c, a, 2)
+	stripeserver.CheckOneExecution(t, c, a, 2)
 	if cus.ID != "cus_1" || cus.Email != "jenny@example.com" {
 		t.Fatalf("customer %s <%s>, want the original cus_1 <jenny@example.com>", cus.ID, cus.Email)
 	}
@@ -54,8 +56,8 @@ func TestStripeGoRetryGetsOriginalCustomer(t *testing.T) {
 }
 
 func TestRetryableHTTPWithKeySetOnce(t *testing.T) {
-	c := &customers{}
-	srv, a := lostFirstResponse(t, c)
+	c := &stripeserver.Customers{}
+	srv, a := stripeserver.LostFirstResponse(t, c)
 	rc := retryablehttp.NewClient()
 	rc.HTTPClient = srv.Client()
 	rc.RetryMax = 3
@@ -74,7 +76,7 @@ func TestRetryableHTTPWithKeySetOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	checkOneExecution(t, c, a, 2)
+	stripeserver.CheckOneExecution(t, c, a, 2)
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"id":"cus_1"`) ||
 		resp.Header.Get(idemhttp.HeaderReplayed) != "true" {

@@ -43,7 +43,7 @@ func newPGEnv(t *testing.T) *pgEnv {
 	if _, err := pool.Exec(t.Context(), `CREATE TABLE orders (id bigserial PRIMARY KEY, item text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	return &pgEnv{pool: pool, store: must(idempg.NewStore(pool, nil))}
+	return &pgEnv{pool: pool, store: testenv.Must(idempg.NewStore(pool, nil))}
 }
 
 func (e *pgEnv) handler(t *testing.T, ec idem.Config, next http.Handler) http.Handler {

@@ -3,12 +3,9 @@ package idemhttp_test
 import (
 	"bytes"
 	"database/sql"
-	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -17,6 +14,7 @@ import (
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/idemsql/idemsqlite"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // sqliteEnv is the middleware over idemsql on a SQLite file, with an
@@ -40,7 +38,7 @@ func newSQLiteEnv(t *testing.T) *sqliteEnv {
 	if _, err := db.ExecContext(t.Context(), `CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, item TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	store := must(idemsql.NewStore(db, idemsql.SQLite))
+	store := testenv.Must(idemsql.NewStore(db, idemsql.SQLite))
 	engine, err := idem.NewEngine(store, &idem.Config{Logger: quietLogger})
 	if err != nil {
 		t.Fatal(err)
@@ -88,50 +86,6 @@ func insertOrder(t *testing.T, r *http.Request) int64 {
 	return id
 }
 
-func TestSQLiteSameKeyAtTheSameInstant(t *testing.T) {
-	const n = 20
-	e := newSQLiteEnv(t)
-	var runs atomic.Int64
-	h := e.handler(t, idemhttp.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		runs.Add(1)
-		id := insertOrder(t, r)
-		w.Header().Set("Location", fmt.Sprintf("/orders/%d", id))
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"id":%d}`, id)
-	}))
-	barrier := make(chan struct{})
-	answers := make([]*httptest.ResponseRecorder, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			r := request(http.MethodPost, "/orders", "sqlite-key", "tea")
-			<-barrier
-			answers[i] = serve(h, r)
-		})
-	}
-	close(barrier)
-	wg.Wait()
-	if runs.Load() != 1 || e.orders(t) != 1 {
-		t.Fatalf("handler ran %d times, %d orders; want 1 and 1", runs.Load(), e.orders(t))
-	}
-	fresh := 0
-	for i, w := range answers {
-		switch {
-		case w.Code == http.StatusConflict:
-			wantProblem(t, w, http.StatusConflict, "in-flight")
-		case w.Code == http.StatusCreated && w.Body.String() == `{"id":1}` && w.Header().Get("Location") == "/orders/1":
-			if w.Header().Get(idemhttp.HeaderReplayed) == "" {
-				fresh++
-			}
-		default:
-			t.Fatalf("answer %d: %d %q", i, w.Code, w.Body)
-		}
-	}
-	if fresh != 1 {
-		t.Fatalf("%d fresh answers, want 1", fresh)
-	}
-}
-
 // A 5xx is stored and replayed, but the order it wrote is rolled back.
 func TestSQLite5xxRollsBackWrites(t *testing.T) {
 	e := newSQLiteEnv(t)
@@ -148,40 +102,6 @@ func TestSQLite5xxRollsBackWrites(t *testing.T) {
 	}
 	if runs.Load() != 1 || e.orders(t) != 0 {
 		t.Fatalf("ran %d times leaving %d orders; want 1 and 0", runs.Load(), e.orders(t))
-	}
-}
-
-// Neither a panic nor an oversized answer leaves its write or its key.
-func TestSQLiteFailuresRollBack(t *testing.T) {
-	for _, tc := range []struct {
-		slug string
-		fail func(w http.ResponseWriter)
-	}{
-		{"handler-panic", func(http.ResponseWriter) { panic("boom") }},
-		{"response-too-large", func(w http.ResponseWriter) { w.Write(make([]byte, 2048)) }},
-	} {
-		t.Run(tc.slug, func(t *testing.T) {
-			e := newSQLiteEnv(t)
-			var runs atomic.Int64
-			h := e.handler(t, idemhttp.Config{MaxResponseBody: 1024}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				insertOrder(t, r)
-				if runs.Add(1) == 1 {
-					tc.fail(w)
-					return
-				}
-				w.WriteHeader(http.StatusCreated)
-			}))
-			wantProblem(t, serve(h, request(http.MethodPost, "/orders", "k1", "tea")), http.StatusInternalServerError, tc.slug)
-			if e.orders(t) != 0 {
-				t.Fatalf("%d orders after the failure, want 0", e.orders(t))
-			}
-			if _, err := e.store.Get(t.Context(), testTenant, "k1"); err == nil {
-				t.Fatal("the key is still held after the failure")
-			}
-			if w := serve(h, request(http.MethodPost, "/orders", "k1", "tea")); w.Code != http.StatusCreated || e.orders(t) != 1 {
-				t.Fatalf("retry: %d with %d orders, want 201 and 1", w.Code, e.orders(t))
-			}
-		})
 	}
 }
 

@@ -143,7 +143,7 @@ func newSQLite(t *testing.T) *database {
 			}
 			t.Cleanup(func() { db.Close() })
 			return &conn{
-				store: must(idemsql.NewStore(db, idemsql.SQLite)),
+				store: testenv.Must(idemsql.NewStore(db, idemsql.SQLite)),
 				insertTx: func(ctx context.Context, o order) (int64, error) {
 					var id int64
 					err := idemsql.TxFromContext(ctx).QueryRowContext(ctx,
@@ -214,7 +214,7 @@ func newPostgres(t *testing.T) *database {
 		return &conn{
 			app:   app,
 			pool:  pool,
-			store: must(idempg.NewStore(pool, nil)),
+			store: testenv.Must(idempg.NewStore(pool, nil)),
 			insertTx: func(ctx context.Context, o order) (int64, error) {
 				var id int64
 				err := idempg.TxFromContext(ctx).QueryRow(ctx,

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // run calls Main in-process and returns its status and streams.
@@ -205,7 +206,7 @@ func TestPurgeCommand(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cn.Close()
-			store := must(cn.keyStore())
+			store := testenv.Must(cn.keyStore())
 			claim := func(key string, retention time.Duration) {
 				t.Helper()
 				_, err := store.Claim(context.Background(), idem.ClaimParams{

@@ -256,7 +256,7 @@ func TestServeShutdownFinishesRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	store := must(idemsql.NewStore(db, idemsql.SQLite))
+	store := testenv.Must(idemsql.NewStore(db, idemsql.SQLite))
 
 	answered := make(chan Answer, 1)
 	r := Req{Method: "POST", URL: p.url + "/orders", Body: GoodOrder, Key: "shutdown-key"}
@@ -324,7 +324,7 @@ func TestServePurgesInBackground(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	store := must(idemsql.NewStore(db, idemsql.SQLite))
+	store := testenv.Must(idemsql.NewStore(db, idemsql.SQLite))
 	// The 201 came after the record's commit; the record may be gone
 	// already by the time the test looks (its retention is short, the
 	// machine may be slow). Get reads the row, expired or not, and only

@@ -180,7 +180,7 @@ func openInspectStore(t *testing.T, fresh func(t *testing.T) string, tenant stri
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cn.Close() })
-	return must(cn.keyStore()), []string{"--db", db}
+	return testenv.Must(cn.keyStore()), []string{"--db", db}
 }
 
 // TestInspectEscapes: whatever a record holds that came from a client or

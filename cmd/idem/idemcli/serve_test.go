@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // closedWithin reads conn until the server closes it, and fails t if that
@@ -90,7 +91,7 @@ func TestStalledConnectionsAreClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cn.Close()
-	if rec, err := must(cn.keyStore()).Get(context.Background(), defaultTenant, "stalled"); !errors.Is(err, idem.ErrNotFound) {
+	if rec, err := testenv.Must(cn.keyStore()).Get(context.Background(), defaultTenant, "stalled"); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("record of the stalled request: %+v, %v; want none", rec, err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/demo"
 	"github.com/idem-go/idem/cmd/idem/internal/demo/demotest"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // A request still running when the grace period ends is cancelled, and
@@ -46,7 +47,7 @@ func TestForcedStopReleasesKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cn.Close()
-	store := must(cn.keyStore())
+	store := testenv.Must(cn.keyStore())
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
 		if rec, err := store.Get(context.Background(), defaultTenant, "held-at-stop"); err == nil && rec.State == idem.StateInFlight {
 			break

@@ -13,6 +13,7 @@ import (
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idemsql"
 	"github.com/idem-go/idem/idemsql/idemsqlite"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 func newInbox(t *testing.T, store idem.Store, mod func(*ideminbox.Config)) *ideminbox.Inbox {
@@ -47,7 +48,7 @@ func TestPoisonMultilineError(t *testing.T) {
 	if err := idemmigrate.Migrate(context.Background(), db, idemmigrate.SQLite); err != nil {
 		t.Fatal(err)
 	}
-	in := newInbox(t, must(idemsql.NewStore(db, idemsql.SQLite)), func(c *ideminbox.Config) { c.MaxAttempts = 1 })
+	in := newInbox(t, testenv.Must(idemsql.NewStore(db, idemsql.SQLite)), func(c *ideminbox.Config) { c.MaxAttempts = 1 })
 	cause := errors.Join(errors.New("step 1 failed"), errors.New("step 2\x00 failed"))
 	msg := ideminbox.Message{ID: "m1", Attempt: 1, Subject: "order\ncreated"}
 	if d, err := in.Process(context.Background(), msg, func(context.Context) error { return cause }); d.Action != ideminbox.AckPoison || err != cause {

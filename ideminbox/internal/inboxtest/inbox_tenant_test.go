@@ -272,7 +272,7 @@ func everyStore() []namedStore {
 			if err := idempg.Migrate(context.Background(), pool); err != nil {
 				testenv.Unavailable(t, "PostgreSQL", err)
 			}
-			return must(idempg.NewStore(pool, nil))
+			return testenv.Must(idempg.NewStore(pool, nil))
 		}},
 		{"redis", func(t *testing.T) idem.Store {
 			opts, err := redis.ParseURL(testenv.RedisURL(t))
@@ -305,5 +305,5 @@ func migrated(t *testing.T, db *sql.DB, m idemmigrate.Dialect, d idemsql.Dialect
 	if err := idemmigrate.Migrate(context.Background(), db, m); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	return must(idemsql.NewStore(db, d))
+	return testenv.Must(idemsql.NewStore(db, d))
 }

@@ -52,7 +52,7 @@ func sqliteBackend(t *testing.T) backend {
 	if err := idemmigrate.Migrate(context.Background(), db, idemmigrate.SQLite); err != nil {
 		t.Fatal(err)
 	}
-	return backend{cfg: Config{DB: db, Dialect: SQLite}, store: must(idemsql.NewStore(db, idemsql.SQLite))}
+	return backend{cfg: Config{DB: db, Dialect: SQLite}, store: testenv.Must(idemsql.NewStore(db, idemsql.SQLite))}
 }
 
 func postgresBackend(t *testing.T) backend {
@@ -65,7 +65,7 @@ func postgresBackend(t *testing.T) backend {
 	if err := idempg.Migrate(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}
-	return backend{cfg: Config{Pool: pool}, store: must(idempg.NewStore(pool, nil))}
+	return backend{cfg: Config{Pool: pool}, store: testenv.Must(idempg.NewStore(pool, nil))}
 }
 
 func mysqlBackend(t *testing.T) backend {
@@ -78,7 +78,7 @@ func mysqlBackend(t *testing.T) backend {
 	if err := idemmigrate.Migrate(context.Background(), db, idemmigrate.MySQL); err != nil {
 		t.Fatal(err)
 	}
-	return backend{cfg: Config{DB: db, Dialect: MySQL}, store: must(idemsql.NewStore(db, idemmysql.Dialect))}
+	return backend{cfg: Config{DB: db, Dialect: MySQL}, store: testenv.Must(idemsql.NewStore(db, idemmysql.Dialect))}
 }
 
 // server is the demo in-process on a loopback test server.

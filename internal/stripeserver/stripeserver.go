@@ -1,8 +1,9 @@
-package idemclient_test
-
-// The Transport against idemhttp servers: lost answers, slow and crashed
-// executions, redirects between nodes that share one store. Each test
-// counts the handler's executions on the server side.
+// Package stripeserver is a test harness, not library code: a
+// Stripe-shaped API behind idemhttp whose first answer can be lost after
+// the commit, for the tests of retrying clients (idemclient's own, and the
+// third-party clients' in the tests module). Each test counts the
+// handler's executions on the server side.
+package stripeserver
 
 import (
 	"encoding/json"
@@ -18,24 +19,24 @@ import (
 	"github.com/idem-go/idem/idemmem"
 )
 
-// customers is a Stripe-shaped POST /v1/customers (form-encoded) that
+// Customers is a Stripe-shaped POST /v1/customers (form-encoded) that
 // counts its executions.
-type customers struct {
-	executions atomic.Int32
-	// gate, when set, is waited for before answering: a slow handler.
-	gate chan struct{}
+type Customers struct {
+	Executions atomic.Int32
+	// Gate, when set, is waited for before answering: a slow handler.
+	Gate chan struct{}
 }
 
-func (c *customers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (c *Customers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := r.ParseForm(); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	n := c.executions.Add(1)
-	if c.gate != nil {
+	n := c.Executions.Add(1)
+	if c.Gate != nil {
 		// Slow on purpose, and deaf to the request's end: the work goes on
 		// after the client gave the attempt up.
-		<-c.gate
+		<-c.Gate
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Request-Id", fmt.Sprintf("req_%d", n))
@@ -45,30 +46,31 @@ func (c *customers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// attempts records what reached the server (outside idemhttp): the key of
+// Attempts records what reached the server (outside idemhttp): the key of
 // each request and the status the middleware answered.
-type attempts struct {
-	loseFirst bool // drop the first response after the commit
+type Attempts struct {
+	LoseFirst bool      // drop the first response after the commit
+	OnStatus  func(int) // called with each status, when set
 	mu        sync.Mutex
 	keys      []string
 	statuses  []int
-	onStatus  func(int)
 }
 
-func (a *attempts) wrap(h http.Handler) http.Handler {
+// Wrap records the attempts that reach h.
+func (a *Attempts) Wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, r)
 		a.mu.Lock()
 		a.keys = append(a.keys, r.Header.Get(idemhttp.HeaderKey))
 		a.statuses = append(a.statuses, rec.Code)
-		onStatus := a.onStatus
+		onStatus := a.OnStatus
 		first := len(a.keys) == 1
 		a.mu.Unlock()
 		if onStatus != nil {
 			onStatus(rec.Code)
 		}
-		if first && a.loseFirst && lose(w) {
+		if first && a.LoseFirst && Lose(w) {
 			return
 		}
 		for k, v := range rec.Header() {
@@ -79,15 +81,16 @@ func (a *attempts) wrap(h http.Handler) http.Handler {
 	})
 }
 
-func (a *attempts) snapshot() ([]string, []int) {
+// Snapshot returns the keys and statuses recorded so far.
+func (a *Attempts) Snapshot() ([]string, []int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return append([]string(nil), a.keys...), append([]int(nil), a.statuses...)
 }
 
-// lose drops the connection instead of answering: the handler ran and
+// Lose drops the connection instead of answering: the handler ran and
 // idemhttp committed, but the client never hears of it.
-func lose(w http.ResponseWriter) bool {
+func Lose(w http.ResponseWriter) bool {
 	conn, _, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		return false
@@ -96,9 +99,9 @@ func lose(w http.ResponseWriter) bool {
 	return true
 }
 
-// lostFirstResponse serves h behind idemhttp over idemmem; the first
-// response is lost after the commit.
-func lostFirstResponse(t *testing.T, h http.Handler) (*httptest.Server, *attempts) {
+// LostFirstResponse serves h at POST /v1/customers behind idemhttp over
+// idemmem; the first response is lost after the commit.
+func LostFirstResponse(t *testing.T, h http.Handler) (*httptest.Server, *Attempts) {
 	t.Helper()
 	eng, err := idem.NewEngine(idemmem.NewStore(nil), nil)
 	if err != nil {
@@ -108,21 +111,22 @@ func lostFirstResponse(t *testing.T, h http.Handler) (*httptest.Server, *attempt
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &attempts{loseFirst: true}
+	a := &Attempts{LoseFirst: true}
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/customers", m.Handler(h))
-	srv := httptest.NewServer(a.wrap(mux))
+	srv := httptest.NewServer(a.Wrap(mux))
 	t.Cleanup(srv.Close)
 	return srv, a
 }
 
-// checkOneExecution asserts the scenario's outcome from the server side.
-func checkOneExecution(t *testing.T, c *customers, a *attempts, wantAttempts int) {
+// CheckOneExecution fails t unless c ran once and wantAttempts requests,
+// all under one key, reached the server.
+func CheckOneExecution(t *testing.T, c *Customers, a *Attempts, wantAttempts int) {
 	t.Helper()
-	if n := c.executions.Load(); n != 1 {
+	if n := c.Executions.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times, want 1", n)
 	}
-	keys, statuses := a.snapshot()
+	keys, statuses := a.Snapshot()
 	if len(keys) != wantAttempts {
 		t.Fatalf("%d requests reached the server (statuses %v), want %d", len(keys), statuses, wantAttempts)
 	}
@@ -132,12 +136,3 @@ func checkOneExecution(t *testing.T, c *customers, a *attempts, wantAttempts int
 		}
 	}
 }
-
-// TestInFlightOutlivesACrashedHolder: the first attempt reaches a server
-// that charges the card and then dies (its connection drops, its execution
-// never ends). Every retry meets the dead execution's claim, 409, until its
-// lease ends on the store's clock; then a retry takes the key over and
-// gets an answer. With the server's default lease (90s), the client must
-// keep asking longer than its attempt budget for failures lasts: 409s are
-// bounded by InFlightTimeout (2 minutes by default), not by MaxAttempts.
-//
