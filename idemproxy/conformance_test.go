@@ -2,6 +2,8 @@ package idemproxy_test
 
 import (
 	"context"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -23,7 +25,10 @@ type harness struct{}
 
 func (harness) Serve(t *testing.T, engine *idem.Engine, opts idemfronttest.Options, handler idemfronttest.Handler) idemfronttest.Client {
 	h := idemhttptest.Harness{Server: func(t *testing.T, engine *idem.Engine, cfg *idemhttp.Config, protected http.Handler) http.Handler {
-		upstream := httptest.NewServer(protected)
+		upstream := httptest.NewUnstartedServer(protected)
+		// The Failures cases panic in the handler on purpose.
+		upstream.Config.ErrorLog = log.New(io.Discard, "", 0)
+		upstream.Start()
 		t.Cleanup(upstream.Close)
 		u, err := url.Parse(upstream.URL)
 		if err != nil {
