@@ -378,4 +378,3 @@ func (c *proxyCmd) run(ctx context.Context, o *proxyOpts) error {
 	}
 	return err
 }
-
