@@ -324,3 +324,59 @@ func TestProxyKilledMidRequest(t *testing.T) {
 		t.Errorf("%d orders under the key, want 1", n)
 	}
 }
+
+// TestProxyGracefulShutdown: a request in flight when the proxy is told
+// to stop (SIGTERM's path) is answered, and its answer stored: the proxy
+// started again on the same store replays it.
+func TestProxyGracefulShutdown(t *testing.T) {
+	up := startNaive(t)
+	db := sqliteDB(t)
+	logs := &syncBuffer{}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	finished := make(chan error, 1)
+	go func() {
+		finished <- runProxy(ctx, []string{"--addr", "127.0.0.1:0", "--upstream", up.url, "--tenant", "shared", "--db", db}, io.Discard, logs)
+	}()
+	var base string
+	for deadline := time.Now().Add(time.Minute); base == ""; time.Sleep(10 * time.Millisecond) {
+		if m := proxyListening.FindStringSubmatch(logs.String()); m != nil {
+			base = "http://" + m[1]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("never listening:\n%s", logs)
+		}
+	}
+	post := func(base string) (int, bool) {
+		req, _ := http.NewRequest(http.MethodPost, base+"/orders?delay=1", strings.NewReader(`{"item":"desk"}`))
+		req.Header.Set("Idempotency-Key", "graceful")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0, false
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck // status only
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Idempotent-Replayed") == "true"
+	}
+	answered := make(chan int, 1)
+	go func() { s, _ := post(base); answered <- s }()
+	for deadline := time.Now().Add(time.Minute); up.received(t) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the upstream never received the request")
+		}
+	}
+	stop()
+	if s := <-answered; s != http.StatusCreated {
+		t.Fatalf("the request in flight at shutdown was answered %d, want 201", s)
+	}
+	if err := <-finished; err != nil {
+		t.Fatalf("the proxy stopped with %v:\n%s", err, logs)
+	}
+	again := proxyInProcess(t, "--upstream", up.url, "--tenant", "shared", "--db", db)
+	if s, replayed := post(again); s != http.StatusCreated || !replayed {
+		t.Fatalf("the retry on the restarted proxy: %d replayed=%v, want the stored 201 replayed", s, replayed)
+	}
+	if n := up.received(t); n != 1 {
+		t.Errorf("the upstream received %d requests, want 1", n)
+	}
+}
