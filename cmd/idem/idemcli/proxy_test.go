@@ -380,3 +380,28 @@ func TestProxyGracefulShutdown(t *testing.T) {
 		t.Errorf("the upstream received %d requests, want 1", n)
 	}
 }
+
+// TestProxyFlagsRefused: the tenant rule and the store have no default.
+func TestProxyFlagsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--db", "sqlite::memory:"}, "--upstream is required"},
+		{[]string{"--upstream", "http://127.0.0.1:1", "--db", "sqlite::memory:"}, "--tenant is required"},
+		{[]string{"--upstream", "http://127.0.0.1:1", "--tenant", "shared"}, "--db or --keys is required"},
+		{[]string{"--upstream", "http://127.0.0.1:1", "--tenant", "header:", "--db", "sqlite::memory:"}, "needs a header name"},
+		{[]string{"--upstream", "http://u:p@127.0.0.1:1", "--tenant", "shared", "--db", "sqlite::memory:"}, "no credentials"},
+		{[]string{"--upstream", "http://127.0.0.1:1", "--tenant", "shared", "--db", sqliteDB(t), "--routes", "/orders"}, "METHOD /path"},
+	} {
+		t.Setenv(tenantSecretEnv, "")
+		err := runProxy(t.Context(), tc.args, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want an error saying %q", tc.args, err, tc.want)
+		}
+	}
+	err := runProxy(t.Context(), []string{"--upstream", "http://127.0.0.1:1", "--tenant", "bearer", "--db", "sqlite::memory:"}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "needs a secret") {
+		t.Errorf("--tenant bearer without a secret: %v", err)
+	}
+}
