@@ -612,8 +612,12 @@ func (x *execution) lostAtStep() error {
 // ends. It returns the step's error.
 func (x *execution) keepUnsaved() error {
 	cause := *x.rc.exec.unsavedStep.Load()
-	x.rollback("a step ran but was not recorded", cause)
-	x.keepInFlight("a step ran but was not recorded", cause)
+	reason := "a step ran but was not recorded"
+	if errors.Is(cause, ErrOutcomeUnknown) {
+		reason = "the handler's outcome is unknown (OutcomeUnknown)"
+	}
+	x.rollback(reason, cause)
+	x.keepInFlight(reason, cause)
 	return cause
 }
 

@@ -85,6 +85,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{name: "serve", summary: "run the demo orders API behind the idempotency middleware", run: runServe},
+		{name: "proxy", summary: "run a reverse proxy that adds Idempotency-Key to any HTTP service", run: runProxy},
 		{name: "migrate", summary: "create or update the idempotency records table", run: runMigrate},
 		{name: "purge", summary: "delete idempotency records past their retention, once", run: runPurge},
 		{name: "inspect", summary: "print the idempotency record of one key: state, lease, stored answer", run: runInspect},
