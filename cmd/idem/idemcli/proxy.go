@@ -60,9 +60,10 @@ and X-Forwarded-For, -Host and -Proto.
 The records live in --db (sqlite:PATH, postgres://…, mysql://…) or in
 --keys (redis://…, dynamodb://…). The upstream's own writes and the
 stored answer are not one transaction: see docs/PROXY.md for what each
-failure does. GET /healthz answers 200 once the store is reached; GET
-/metrics the Prometheus metrics, on --metrics-addr when given, else on
---addr (both shadow the upstream's paths of the same name on --addr).
+failure does. GET /healthz answers 200 once the store is reached (it shadows the
+upstream's path of that name on --addr); the Prometheus metrics are served
+only on --metrics-addr, never on --addr, where every caller could read the
+counts of the others' traffic.
 SIGINT or SIGTERM stops the proxy: requests in flight finish and their
 answers are stored.
 `
@@ -90,7 +91,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	durationVar(fs, &o.readTimeout, "read-timeout", defaultReadTimeout, "close a connection whose request takes longer to arrive")
 	durationVar(fs, &o.writeTimeout, "write-timeout", 0, "close a connection whose answer is not sent this long after its request's headers\n(default --read-timeout + --wait-in-flight + --upstream-timeout + 30s; a stream passed through is not bound by it)")
 	durationVar(fs, &o.idleTimeout, "idle-timeout", defaultIdleTimeout, "close a kept-alive connection idle this long")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve GET /metrics and GET /healthz on this `host:port` too, instead of GET /metrics on --addr")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve GET /metrics and GET /healthz on this `host:port`, with the API's timeouts; without it no metrics are served (never on --addr)")
 	if err := parseFlags(fs, proxyHelp, args, stdout); err != nil {
 		return err
 	}
@@ -282,9 +283,7 @@ func (c *proxyCmd) run(ctx context.Context, o *proxyOpts) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /healthz", healthz)
 	mux.Handle("/", p)
-	if o.metricsAddr == "" {
-		mux.Handle("GET /metrics", gather)
-	} else {
+	if o.metricsAddr != "" {
 		mln, err := net.Listen("tcp", o.metricsAddr)
 		if err != nil {
 			return err
