@@ -301,7 +301,7 @@ func newServer(ctx, hardStop context.Context, opts *serveOpts, logger *slog.Logg
 	// Redis first: openDB creates a SQLite file, which an unreachable
 	// --keys must not leave behind.
 	var rdb *redis.Client
-	if opts.keys != "" {
+	if opts.keys != "" && !isDynamoURL(opts.keys) { // a DynamoDB table is opened by buildServer
 		ro, err := parseRedisURL(opts.keys)
 		if err != nil {
 			return nil, err
