@@ -54,6 +54,9 @@ type Store struct {
 
 	// watch holds the subscriptions of Watch.
 	watch watchers
+
+	// single is set in the single-transaction mode (see singletx.go).
+	single *singleMode
 }
 
 // lease names one execution's hold on a key.
@@ -74,13 +77,14 @@ func (s *Store) Info() idem.StoreInfo {
 	if name == "postgres" {
 		name = "postgresql"
 	}
-	return idem.StoreInfo{Name: name, Transactional: true}
+	return idem.StoreInfo{Name: name, Transactional: true, SingleTransaction: s.single != nil}
 }
 
 // NewStore returns a Store on db, which speaks dialect (idemsql.SQLite,
 // idemsql.Postgres or idemmysql.Dialect). The tables must exist: run
-// idemmigrate first.
-func NewStore(db *sql.DB, dialect Dialect) (*Store, error) {
+// idemmigrate first. The options choose a mode other than the default
+// (SingleTransaction).
+func NewStore(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
 	if dialect.d == nil {
 		return nil, errors.New("idemsql: NewStore needs a dialect: idemsql.SQLite, idemsql.Postgres or idemmysql.Dialect")
 	}
@@ -90,6 +94,9 @@ func NewStore(db *sql.DB, dialect Dialect) (*Store, error) {
 	s := &Store{db: db, d: dialect.d}
 	if s.d.kind == kindSQLite {
 		s.writes = newGate()
+	}
+	for _, opt := range opts {
+		opt(s)
 	}
 	return s, nil
 }

@@ -13,11 +13,17 @@ import (
 )
 
 // TestServeSingleTransaction: `idem serve --single-transaction` on
-// PostgreSQL. 20 duplicates released together while the first request
-// runs get one order, the first answer and 19 replays, no 409; without
-// --wait-in-flight, a duplicate gets 409 while the first runs.
+// PostgreSQL, MariaDB and SQLite. 20 duplicates released together while
+// the first request runs get one order, the first answer and 19 replays,
+// no 409; without --wait-in-flight, a duplicate gets 409 while the first
+// runs.
 func TestServeSingleTransaction(t *testing.T) {
-	db := postgresDB(t)
+	for name, db := range map[string]func(*testing.T) string{"postgres": postgresDB, "mysql": mysqlDB, "sqlite": sqliteDB} {
+		t.Run(name, func(t *testing.T) { serveSingleTransaction(t, db(t)) })
+	}
+}
+
+func serveSingleTransaction(t *testing.T, db string) {
 	p := startServe(t, "idem serve", "--db", db, "--single-transaction", "--wait-in-flight", "5s", "--handler-delay", "300ms")
 	key, cart := testenv.Name(), testenv.Name()
 	body := fmt.Sprintf(`{"cart_id":%q,"total_cents":1900}`, cart)
@@ -64,11 +70,10 @@ func TestServeSingleTransaction(t *testing.T) {
 	q.stop()
 }
 
-// TestServeSingleTransactionNeedsPostgres: the flag is refused where it
-// cannot hold.
-func TestServeSingleTransactionNeedsPostgres(t *testing.T) {
+// TestServeSingleTransactionRefused: the flag is refused where it cannot
+// hold: records kept apart from the orders.
+func TestServeSingleTransactionRefused(t *testing.T) {
 	for _, args := range [][]string{
-		{"--db", sqliteDB(t), "--single-transaction"},
 		{"--db", sqliteDB(t), "--single-transaction", "--keys", "redis://127.0.0.1:6379/0"},
 	} {
 		var out bytes.Buffer
