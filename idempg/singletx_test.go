@@ -13,7 +13,6 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/internal/atonce"
-	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 

@@ -291,11 +291,7 @@ func (s *Store) claimInSQLite(ctx context.Context, conn *sql.Conn, values map[st
 	if ended && !expired {
 		// Recovery points of a dead execution are not resumed in this
 		// mode: such a record is left to a Store in the default mode.
-		journaled, err := s.journalSteps(ctx, conn, rec.Tenant, rec.Key, rec.LeaseToken)
-		if err != nil {
-			return false, false, nil, err
-		}
-		ended = len(stored) == 0 && len(journaled) == 0
+		ended = len(stored) == 0
 	}
 	if !expired && !ended {
 		return false, false, rec, nil

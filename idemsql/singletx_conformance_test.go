@@ -2,6 +2,7 @@ package idemsql_test
 
 import (
 	"context"
+	"github.com/idem-go/idem/internal/testenv"
 	"testing"
 
 	"github.com/idem-go/idem/idemsql"
@@ -13,8 +14,8 @@ import (
 func newSingleTestDB(t testing.TB, dialect idemsql.Dialect) *testDB {
 	t.Helper()
 	env := newTestDB(t, dialect)
-	env.store = must(idemsql.NewStore(env.db, dialect, idemsql.SingleTransaction()))
-	env.peer = must(idemsql.NewStore(env.peerDB, dialect, idemsql.SingleTransaction()))
+	env.store = testenv.Must(idemsql.NewStore(env.db, dialect, idemsql.SingleTransaction()))
+	env.peer = testenv.Must(idemsql.NewStore(env.peerDB, dialect, idemsql.SingleTransaction()))
 	return env
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idem-go/idem/internal/testenv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 // singleEngine is an engine on env's store, in the single-transaction mode.
 func singleEngine(t *testing.T, env *testDB) *idem.Engine {
 	t.Helper()
-	eng := must(idem.NewEngine(env.store, nil))
+	eng := testenv.Must(idem.NewEngine(env.store, nil))
 	t.Cleanup(func() { _ = eng.Close(context.Background()) })
 	return eng
 }
@@ -40,7 +41,7 @@ func TestSingleTransactionInfo(t *testing.T) {
 	if env.store.Info().SingleTransaction {
 		t.Error("a Store without the option reports SingleTransaction")
 	}
-	single := must(idemsql.NewStore(env.db, idemsql.SQLite, idemsql.SingleTransaction()))
+	single := testenv.Must(idemsql.NewStore(env.db, idemsql.SQLite, idemsql.SingleTransaction()))
 	if !single.Info().SingleTransaction {
 		t.Error("a Store with SingleTransaction() does not report it")
 	}
@@ -88,7 +89,7 @@ func TestSingleTransactionDuplicatesAtOnce(t *testing.T) {
 			if ran.Load() != 1 || fresh != 1 || replayed != n-1 {
 				t.Errorf("round %d: handler ran %d times, %d fresh, %d replayed; want 1, 1, %d", round, ran.Load(), fresh, replayed, n-1)
 			}
-			if got := must(env.businessCount(context.Background(), ref)); got != 1 {
+			if got := testenv.Must(env.businessCount(context.Background(), ref)); got != 1 {
 				t.Errorf("round %d: %d business rows, want 1", round, got)
 			}
 		}
@@ -145,7 +146,7 @@ func TestSingleTransactionWaitLimit(t *testing.T) {
 		if err != nil || !out.Replayed || string(out.Result.Body) != "done" {
 			t.Fatalf("retry after the commit = %+v, %v; want the replay", out, err)
 		}
-		if got := must(env.businessCount(ctx, "slow")); got != 1 {
+		if got := testenv.Must(env.businessCount(ctx, "slow")); got != 1 {
 			t.Errorf("%d business rows, want 1", got)
 		}
 	})
@@ -170,7 +171,7 @@ func TestSingleTransactionEndings(t *testing.T) {
 		if _, err := env.store.Get(ctx, "", "fails"); !errors.Is(err, idem.ErrNotFound) {
 			t.Errorf("Get after a failed handler = %v, want idem.ErrNotFound", err)
 		}
-		if n := must(env.businessCount(ctx, "fails")); n != 0 {
+		if n := testenv.Must(env.businessCount(ctx, "fails")); n != 0 {
 			t.Errorf("failed handler left %d business rows", n)
 		}
 
@@ -187,11 +188,11 @@ func TestSingleTransactionEndings(t *testing.T) {
 		if err != nil || out.Result.Status != 422 {
 			t.Fatalf("handler that rolled back = %+v, %v; want its 422", out, err)
 		}
-		rec := must(env.store.Get(ctx, "", "rolled"))
+		rec := testenv.Must(env.store.Get(ctx, "", "rolled"))
 		if rec.State != idem.StateComplete || rec.Result.Status != 422 || string(rec.Result.Body) != "refused" {
 			t.Errorf("record after the handler's rollback = %+v, want the 422 stored", rec)
 		}
-		if n := must(env.businessCount(ctx, "rolled")); n != 0 {
+		if n := testenv.Must(env.businessCount(ctx, "rolled")); n != 0 {
 			t.Errorf("rolled-back handler left %d business rows", n)
 		}
 
@@ -232,10 +233,10 @@ func TestSingleTransactionEndings(t *testing.T) {
 		if err := <-second; err != nil || out2.Replayed || string(out2.Result.Body) != "second" {
 			t.Fatalf("duplicate after the holder failed = %+v, %v; want its own run", out2, err)
 		}
-		if n := must(env.businessCount(ctx, "retaken-first")); n != 0 {
+		if n := testenv.Must(env.businessCount(ctx, "retaken-first")); n != 0 {
 			t.Errorf("failed holder left %d business rows", n)
 		}
-		if n := must(env.businessCount(ctx, "retaken-second")); n != 1 {
+		if n := testenv.Must(env.businessCount(ctx, "retaken-second")); n != 1 {
 			t.Errorf("%d business rows of the duplicate, want 1", n)
 		}
 	})
@@ -265,7 +266,7 @@ func TestSingleTransactionPairsRunOnce(t *testing.T) {
 			t.Errorf("handlers ran %d times for %d keys", n, keys)
 		}
 		for k := range keys {
-			if n := must(env.businessCount(context.Background(), fmt.Sprintf("pair-%d", k))); n != 1 {
+			if n := testenv.Must(env.businessCount(context.Background(), fmt.Sprintf("pair-%d", k))); n != 1 {
 				t.Errorf("key %d: %d business rows, want 1", k, n)
 			}
 		}

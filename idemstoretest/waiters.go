@@ -29,9 +29,6 @@ func (s *suite) waitCounted(t *testing.T) {
 		// The poll is an hour apart: a waiter answered at all was woken
 		// by the store's announcement of the completion, not by a poll.
 		h.requireWatcher()
-		if h.caps.SingleTransaction {
-			h.t.Skip("skipping: in the single-transaction mode a duplicate waits on the database's lock in its claim, not by reading the record")
-		}
 		var tr countingTracer
 		e := h.engines(&idem.Config{Tracer: &tr, WaitPollInterval: time.Hour})[0]
 		op := idem.Operation{Tenant: h.tenant, Key: "order-1", Fingerprint: fingerprint("POST /orders")}
