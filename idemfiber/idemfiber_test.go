@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/gofiber/fiber/v3"
 	"github.com/idem-go/idem"
@@ -59,7 +60,7 @@ func serve(t *testing.T, cfg idemfiber.Config, h fiber.Handler) string {
 	}
 	done := make(chan error, 1)
 	go func() { done <- app.Listener(ln, fiber.ListenConfig{DisableStartupMessage: true}) }()
-	t.Cleanup(func() { _ = app.Shutdown(); _ = ln.Close(); <-done })
+	t.Cleanup(func() { _ = app.ShutdownWithTimeout(5 * time.Second); _ = ln.Close(); <-done }) // bounded: Shutdown waits for idle kept-alive connections
 	return "http://" + ln.Addr().String()
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/gofiber/fiber/v3"
@@ -53,7 +54,7 @@ func TestObserversCountEveryFramework(t *testing.T) {
 			ln := must(net.Listen("tcp", "127.0.0.1:0"))
 			done := make(chan error, 1)
 			go func() { done <- app.Listener(ln, fiber.ListenConfig{DisableStartupMessage: true}) }()
-			t.Cleanup(func() { _ = app.Shutdown(); _ = ln.Close(); <-done })
+			t.Cleanup(func() { _ = app.ShutdownWithTimeout(5 * time.Second); _ = ln.Close(); <-done }) // bounded: Shutdown waits for idle kept-alive connections
 			return "http://" + ln.Addr().String()
 		}},
 	} {
