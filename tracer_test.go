@@ -281,7 +281,19 @@ func TestStepNotSavedTraced(t *testing.T) {
 		t.Fatalf("Do: %v, want ErrStepNotSaved", err)
 	}
 	want := "start s|claim ok r|begin ok r|save_step error r|rollback ok r|end step_not_saved"
-	if got := strings.Join(rec.take(), "|"); got != want {
+	// After the rollback the engine tries the step's record again while
+	// it holds the lease (steps_later.go), concurrently with the end of
+	// the operation: those later tries are not part of the sequence.
+	var calls []string
+	rolledBack := false
+	for _, c := range rec.take() {
+		if rolledBack && c == "save_step error r" {
+			continue
+		}
+		rolledBack = rolledBack || c == "rollback ok r"
+		calls = append(calls, c)
+	}
+	if got := strings.Join(calls, "|"); got != want {
 		t.Fatalf("traced %s, want %s", got, want)
 	}
 }
