@@ -4,15 +4,11 @@ go 1.26.0
 
 toolchain go1.26.8
 
-require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
-
-replace github.com/idem-go/idem => ../
-
-replace github.com/idem-go/idem/idemgrpc => ../idemgrpc
+require github.com/idem-go/idem v0.1.0
 
 require (
 	connectrpc.com/connect v1.21.1
-	github.com/idem-go/idem/idemgrpc v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem/idemgrpc v0.1.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
@@ -23,3 +19,7 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 )
+
+replace github.com/idem-go/idem => ..
+
+replace github.com/idem-go/idem/idemgrpc => ../idemgrpc

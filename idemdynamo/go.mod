@@ -4,13 +4,11 @@ go 1.26.0
 
 toolchain go1.26.8
 
-replace github.com/idem-go/idem => ..
-
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
 	github.com/aws/smithy-go v1.28.9
-	github.com/idem-go/idem v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem v0.1.0
 	github.com/truora/minidyn v0.8.2
 )
 
@@ -20,3 +18,5 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/internal/accept-encoding v1.13.25 // indirect
 	github.com/aws/aws-sdk-go-v2/service/internal/endpoint-discovery v1.13.12 // indirect
 )
+
+replace github.com/idem-go/idem => ..

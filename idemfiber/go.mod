@@ -6,7 +6,7 @@ toolchain go1.26.8
 
 require (
 	github.com/gofiber/fiber/v3 v3.1.0
-	github.com/idem-go/idem v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem v0.1.0
 )
 
 require (

@@ -6,7 +6,7 @@ toolchain go1.26.8
 
 require (
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
-	github.com/idem-go/idem v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem v0.1.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
@@ -18,4 +18,4 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 )
 
-replace github.com/idem-go/idem => ../
+replace github.com/idem-go/idem => ..

@@ -5,7 +5,7 @@ go 1.25.0
 toolchain go1.26.8
 
 require (
-	github.com/idem-go/idem v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 )
 
@@ -18,15 +18,3 @@ require (
 )
 
 replace github.com/idem-go/idem => ..
-
-replace github.com/idem-go/idem/idemsql => ../idemsql
-
-replace github.com/idem-go/idem/idemredis => ../idemredis
-
-replace github.com/idem-go/idem/ideminbox/internal/inboxtest => ../ideminbox/internal/inboxtest
-
-replace github.com/idem-go/idem/ideminbox/idemjetstream => ../ideminbox/idemjetstream
-
-replace github.com/idem-go/idem/ideminbox/idemamqp => ../ideminbox/idemamqp
-
-replace github.com/idem-go/idem/cmd/idem => ../cmd/idem

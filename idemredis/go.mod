@@ -5,7 +5,7 @@ go 1.26.0
 toolchain go1.26.8
 
 require (
-	github.com/idem-go/idem v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 
@@ -16,15 +16,3 @@ require (
 )
 
 replace github.com/idem-go/idem => ..
-
-replace github.com/idem-go/idem/idempg => ../idempg
-
-replace github.com/idem-go/idem/idemsql => ../idemsql
-
-replace github.com/idem-go/idem/ideminbox/internal/inboxtest => ../ideminbox/internal/inboxtest
-
-replace github.com/idem-go/idem/ideminbox/idemjetstream => ../ideminbox/idemjetstream
-
-replace github.com/idem-go/idem/ideminbox/idemamqp => ../ideminbox/idemamqp
-
-replace github.com/idem-go/idem/cmd/idem => ../cmd/idem

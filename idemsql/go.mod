@@ -6,7 +6,7 @@ toolchain go1.26.8
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idem-go/idem v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	modernc.org/sqlite v1.62.0
 )
@@ -31,15 +31,3 @@ require (
 )
 
 replace github.com/idem-go/idem => ..
-
-replace github.com/idem-go/idem/idempg => ../idempg
-
-replace github.com/idem-go/idem/idemredis => ../idemredis
-
-replace github.com/idem-go/idem/ideminbox/internal/inboxtest => ../ideminbox/internal/inboxtest
-
-replace github.com/idem-go/idem/ideminbox/idemjetstream => ../ideminbox/idemjetstream
-
-replace github.com/idem-go/idem/ideminbox/idemamqp => ../ideminbox/idemamqp
-
-replace github.com/idem-go/idem/cmd/idem => ../cmd/idem

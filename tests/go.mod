@@ -4,17 +4,17 @@ go 1.26.0
 
 toolchain go1.26.8
 
-require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem v0.1.0
 
-require github.com/idem-go/idem/idemprom v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem/idemprom v0.1.0
 
-require github.com/idem-go/idem/idemotel v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem/idemotel v0.1.0
 
-require github.com/idem-go/idem/idemredis v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem/idemredis v0.1.0
 
-require github.com/idem-go/idem/idempg v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem/idempg v0.1.0
 
-require github.com/idem-go/idem/idemsql v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem/idemsql v0.1.0
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
@@ -63,34 +63,26 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 )
 
-replace github.com/idem-go/idem => ..
-
-replace github.com/idem-go/idem/idempg => ../idempg
-
-replace github.com/idem-go/idem/idemsql => ../idemsql
-
-replace github.com/idem-go/idem/idemredis => ../idemredis
-
-replace github.com/idem-go/idem/ideminbox/internal/inboxtest => ../ideminbox/internal/inboxtest
-
-replace github.com/idem-go/idem/ideminbox/idemjetstream => ../ideminbox/idemjetstream
-
-replace github.com/idem-go/idem/ideminbox/idemamqp => ../ideminbox/idemamqp
-
-replace github.com/idem-go/idem/cmd/idem => ../cmd/idem
-
-replace github.com/idem-go/idem/idemprom => ../idemprom
-
-replace github.com/idem-go/idem/idemotel => ../idemotel
-
 require (
-	github.com/idem-go/idem/idemconnect v0.0.0-00010101000000-000000000000
-	github.com/idem-go/idem/idemgrpc v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem/idemconnect v0.1.0
+	github.com/idem-go/idem/idemgrpc v0.1.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 )
 
-replace github.com/idem-go/idem/idemgrpc => ../idemgrpc
+replace github.com/idem-go/idem => ..
+
+replace github.com/idem-go/idem/idemprom => ../idemprom
+
+replace github.com/idem-go/idem/idemotel => ../idemotel
+
+replace github.com/idem-go/idem/idemredis => ../idemredis
+
+replace github.com/idem-go/idem/idempg => ../idempg
+
+replace github.com/idem-go/idem/idemsql => ../idemsql
 
 replace github.com/idem-go/idem/idemconnect => ../idemconnect
+
+replace github.com/idem-go/idem/idemgrpc => ../idemgrpc

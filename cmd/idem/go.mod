@@ -4,15 +4,15 @@ go 1.26.0
 
 toolchain go1.26.8
 
-require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem v0.1.0
 
-require github.com/idem-go/idem/idemprom v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem/idemprom v0.1.0
 
-require github.com/idem-go/idem/idemdynamo v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem/idemdynamo v0.1.0
 
-require github.com/idem-go/idem/idempg v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem/idempg v0.1.0
 
-require github.com/idem-go/idem/idemsql v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem/idemsql v0.1.0
 
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
@@ -22,7 +22,7 @@ require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/uuid v1.6.0
-	github.com/idem-go/idem/idemredis v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem/idemredis v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -70,7 +70,19 @@ require (
 	modernc.org/sqlite v1.62.0 // indirect
 )
 
+require (
+	connectrpc.com/connect v1.21.1
+	github.com/idem-go/idem/idemconnect v0.1.0
+	github.com/idem-go/idem/idemgrpc v0.1.0
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
+
 replace github.com/idem-go/idem => ../..
+
+replace github.com/idem-go/idem/idemprom => ../../idemprom
+
+replace github.com/idem-go/idem/idemdynamo => ../../idemdynamo
 
 replace github.com/idem-go/idem/idempg => ../../idempg
 
@@ -78,24 +90,6 @@ replace github.com/idem-go/idem/idemsql => ../../idemsql
 
 replace github.com/idem-go/idem/idemredis => ../../idemredis
 
-replace github.com/idem-go/idem/ideminbox/internal/inboxtest => ../../ideminbox/internal/inboxtest
-
-replace github.com/idem-go/idem/ideminbox/idemjetstream => ../../ideminbox/idemjetstream
-
-replace github.com/idem-go/idem/ideminbox/idemamqp => ../../ideminbox/idemamqp
-
-replace github.com/idem-go/idem/idemprom => ../../idemprom
-
-replace github.com/idem-go/idem/idemdynamo => ../../idemdynamo
-
-require (
-	connectrpc.com/connect v1.21.1
-	github.com/idem-go/idem/idemconnect v0.0.0-00010101000000-000000000000
-	github.com/idem-go/idem/idemgrpc v0.0.0-00010101000000-000000000000
-	google.golang.org/grpc v1.85.0
-	google.golang.org/protobuf v1.36.12
-)
+replace github.com/idem-go/idem/idemconnect => ../../idemconnect
 
 replace github.com/idem-go/idem/idemgrpc => ../../idemgrpc
-
-replace github.com/idem-go/idem/idemconnect => ../../idemconnect

@@ -4,10 +4,10 @@ go 1.26.0
 
 toolchain go1.26.8
 
-require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem v0.1.0
 
 require (
-	github.com/idem-go/idem/ideminbox/internal/inboxtest v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem/ideminbox/internal/inboxtest v0.1.0
 	github.com/nats-io/nats.go v1.55.0
 )
 
@@ -15,9 +15,9 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/idem-go/idem/idempg v0.0.0-00010101000000-000000000000 // indirect
-	github.com/idem-go/idem/idemredis v0.0.0-00010101000000-000000000000 // indirect
-	github.com/idem-go/idem/idemsql v0.0.0-00010101000000-000000000000 // indirect
+	github.com/idem-go/idem/idempg v0.1.0 // indirect
+	github.com/idem-go/idem/idemredis v0.1.0 // indirect
+	github.com/idem-go/idem/idemsql v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/pgx/v5 v5.13.0 // indirect
@@ -42,14 +42,10 @@ require (
 
 replace github.com/idem-go/idem => ../..
 
-replace github.com/idem-go/idem/idempg => ../../idempg
+replace github.com/idem-go/idem/ideminbox/internal/inboxtest => ../internal/inboxtest
 
-replace github.com/idem-go/idem/idemsql => ../../idemsql
+replace github.com/idem-go/idem/idempg => ../../idempg
 
 replace github.com/idem-go/idem/idemredis => ../../idemredis
 
-replace github.com/idem-go/idem/ideminbox/internal/inboxtest => ../../ideminbox/internal/inboxtest
-
-replace github.com/idem-go/idem/ideminbox/idemamqp => ../../ideminbox/idemamqp
-
-replace github.com/idem-go/idem/cmd/idem => ../../cmd/idem
+replace github.com/idem-go/idem/idemsql => ../../idemsql

@@ -5,12 +5,12 @@ go 1.26.0
 toolchain go1.26.8
 
 require (
-	github.com/idem-go/idem v0.0.0-00010101000000-000000000000
-	github.com/idem-go/idem/idemecho v0.0.0-00010101000000-000000000000
-	github.com/idem-go/idem/idemfiber v0.0.0-00010101000000-000000000000
-	github.com/idem-go/idem/idemgin v0.0.0-00010101000000-000000000000
-	github.com/idem-go/idem/idempg v0.0.0-00010101000000-000000000000
-	github.com/idem-go/idem/idemsql v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem v0.1.0
+	github.com/idem-go/idem/idemecho v0.1.0
+	github.com/idem-go/idem/idemfiber v0.1.0
+	github.com/idem-go/idem/idemgin v0.1.0
+	github.com/idem-go/idem/idempg v0.1.0
+	github.com/idem-go/idem/idemsql v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/prometheus/client_golang v1.25.0
 )
@@ -43,7 +43,7 @@ require (
 	github.com/gofiber/schema v1.7.0 // indirect
 	github.com/gofiber/utils/v2 v2.0.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/idem-go/idem/idemprom v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem/idemprom v0.1.0
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect

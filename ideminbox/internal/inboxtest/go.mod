@@ -4,15 +4,15 @@ go 1.26.0
 
 toolchain go1.26.8
 
-require github.com/idem-go/idem v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem v0.1.0
 
-require github.com/idem-go/idem/idempg v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem/idempg v0.1.0
 
-require github.com/idem-go/idem/idemsql v0.0.0-00010101000000-000000000000
+require github.com/idem-go/idem/idemsql v0.1.0
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idem-go/idem/idemredis v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem/idemredis v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -50,9 +50,3 @@ replace github.com/idem-go/idem/idempg => ../../../idempg
 replace github.com/idem-go/idem/idemsql => ../../../idemsql
 
 replace github.com/idem-go/idem/idemredis => ../../../idemredis
-
-replace github.com/idem-go/idem/ideminbox/idemjetstream => ../../../ideminbox/idemjetstream
-
-replace github.com/idem-go/idem/ideminbox/idemamqp => ../../../ideminbox/idemamqp
-
-replace github.com/idem-go/idem/cmd/idem => ../../../cmd/idem
