@@ -86,6 +86,7 @@ replace github.com/idem-go/idem/idemotel => ../idemotel
 require (
 	github.com/idem-go/idem/idemconnect v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/idemgrpc v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem/tests/internal/frontstore v0.0.0-00010101000000-000000000000
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
@@ -94,3 +95,5 @@ require (
 replace github.com/idem-go/idem/idemgrpc => ../idemgrpc
 
 replace github.com/idem-go/idem/idemconnect => ../idemconnect
+
+replace github.com/idem-go/idem/tests/internal/frontstore => ./internal/frontstore
