@@ -92,10 +92,20 @@ func New(cfg Config) (*Handler, error) {
 	m.HandleFunc("GET /{$}", h.page(h.overview))
 	m.HandleFunc("GET /keys", h.page(h.keys))
 	m.HandleFunc("GET /abandoned", h.page(h.abandoned))
+	// One key is named in the query (?tenant=…&key=…), not in the path:
+	// a tenant or key is any text a client sent, and as path segments "",
+	// "." and ".." do not survive (the mux cleans them away, a browser
+	// too). The path forms are kept for the links and scripts written
+	// before; they serve the names that survive in a path.
+	m.HandleFunc("GET /key", h.page(h.key))
+	m.HandleFunc("GET /key/{action}", h.page(h.confirm))
+	m.HandleFunc("POST /key/{action}", h.page(h.act))
 	m.HandleFunc("GET /keys/{tenant}/{key}", h.page(h.key))
 	m.HandleFunc("GET /keys/{tenant}/{key}/{action}", h.page(h.confirm))
 	m.HandleFunc("POST /keys/{tenant}/{key}/{action}", h.page(h.act))
 	m.HandleFunc("GET /api/keys", h.api(h.apiList))
+	m.HandleFunc("GET /api/key", h.api(h.apiKey))
+	m.HandleFunc("POST /api/key/{action}", h.api(h.apiAct))
 	m.HandleFunc("GET /api/keys/{tenant}/{key}", h.api(h.apiKey))
 	m.HandleFunc("POST /api/keys/{tenant}/{key}/{action}", h.api(h.apiAct))
 	h.mux = m
@@ -270,7 +280,28 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 	h.render(w, r, status, "error", map[string]any{"Status": status, "Message": msg})
 }
 
-// keyPath is the path of a key's page, each part path-escaped.
-func keyPath(tenant, key string) string {
-	return "/keys/" + url.PathEscape(tenant) + "/" + url.PathEscape(key)
+// keyQuery names one key in a query string: whatever bytes tenant and
+// key hold come back from it as they were ("", ".", "..", "/", "%2F",
+// "?", "#", invalid UTF-8 included).
+func keyQuery(tenant, key string) string {
+	return url.Values{"tenant": {tenant}, "key": {key}}.Encode()
+}
+
+// keyPath is the URL of a key's page.
+func keyPath(tenant, key string) string { return "/key?" + keyQuery(tenant, key) }
+
+// actionPath is the URL of an action on a key: its confirmation (GET),
+// the action itself (POST).
+func actionPath(action, tenant, key string) string {
+	return "/key/" + url.PathEscape(action) + "?" + keyQuery(tenant, key)
+}
+
+// keyOf returns the key a request names: in its query (/key, /api/key),
+// or in its path (the older /keys/{tenant}/{key} forms).
+func keyOf(r *http.Request) (tenant, key string) {
+	if strings.Contains(r.Pattern, "{key}") {
+		return r.PathValue("tenant"), r.PathValue("key")
+	}
+	q := r.URL.Query()
+	return q.Get("tenant"), q.Get("key")
 }

@@ -117,8 +117,14 @@ func (v *keyView) HeaderNames() []string {
 	return names
 }
 
-// Path is the path of the key's page.
+// Path is the URL of the key's page.
 func (v *keyView) Path() string { return keyPath(v.Tenant, v.Key) }
+
+// BodyPath is the URL of the key's page with the body shown.
+func (v *keyView) BodyPath() string { return keyPath(v.Tenant, v.Key) + "&body=1" }
+
+// ActionPath is the URL of action on the key.
+func (v *keyView) ActionPath(action string) string { return actionPath(action, v.Tenant, v.Key) }
 
 var funcs = template.FuncMap{
 	"time": func(t time.Time) string {
