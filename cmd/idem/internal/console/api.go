@@ -1,19 +1,26 @@
 package console
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idem-go/idem/cmd/idem/internal/safetext"
 )
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+	// The same JSON, its invisible characters escaped: a terminal (curl)
+	// shows them as they are.
+	_, _ = w.Write(safetext.JSON(b.Bytes()))
 }
 
 func apiError(w http.ResponseWriter, status int, msg string) {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"html"
+	"io"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -14,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/safetext"
 )
 
 // oddNames are tenants and keys that a path does not carry as they are:
@@ -121,4 +123,38 @@ func TestOddNamesRoundTrip(t *testing.T) {
 	// The path forms of before still serve a plain name.
 	claim(t, st, "t", "k/1", 99, "old")
 	get(t, c, srv.URL+"/keys/t/"+url.PathEscape("k/1"), http.StatusOK)
+}
+
+// A key holding a right-to-left override, an isolate and a zero-width
+// space reads on the pages as what it holds (each invisible character
+// written as an escape), and comes out of the API as the same string,
+// the characters written as \u escapes.
+func TestInvisibleCharactersShown(t *testing.T) {
+	srv, st, _ := newTestConsole(t)
+	const key = "order-\u202e24\u2066x\u2069\u200b"
+	claim(t, st, "t\u202e", key, 1, "body")
+	c, _ := login(t, srv)
+	for _, path := range []string{"/keys", keyPath("t\u202e", key), "/"} {
+		page := get(t, c, srv.URL+path, http.StatusOK)
+		if strings.ContainsFunc(page, safetext.IsInvisible) {
+			t.Errorf("%s shows an invisible character raw", path)
+		}
+	}
+	page := get(t, c, srv.URL+keyPath("t\u202e", key), http.StatusOK)
+	if !strings.Contains(page, `order-\u202e24\u2066x\u2069\u200b`) || !strings.Contains(page, `t\u202e`) {
+		t.Errorf("the key's page does not show the key's escapes:\n%s", page)
+	}
+	req, _ := http.NewRequest("GET", srv.URL+"/api/key?"+keyQuery("t\u202e", key), nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var view keyView
+	if err := json.Unmarshal(raw, &view); err != nil || view.Key != key || view.Tenant != "t\u202e" ||
+		strings.ContainsFunc(string(raw), safetext.IsInvisible) || !strings.Contains(string(raw), `order-\u202e24`) {
+		t.Errorf("GET /api/key: %v %+v\n%s", err, view, raw)
+	}
 }
