@@ -20,15 +20,11 @@ const testTenant = httpcheck.TestTenant
 
 var (
 	tenantOf = httpcheck.TenantOf
-	as       = httpcheck.As
 	request  = httpcheck.Request
 	serve    = httpcheck.Serve
 )
 
-// problemBody is the decoded RFC 9457 answer; wantProblem checks that an
-// answer is the problem slug with status.
-type problemBody = httpcheck.Problem
-
+// wantProblem checks that an answer is the problem slug with status.
 var wantProblem = httpcheck.WantProblem
 
 // retryWhileInFlight sends the request until it is no longer answered 409
