@@ -14,6 +14,7 @@ import (
 	"github.com/idem-go/idem/idemecho"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/internal/httpcheck"
 	"github.com/labstack/echo/v4"
 )
 
@@ -67,29 +68,10 @@ func server(t *testing.T, cfg idemecho.IdempotencyConfig, h echo.HandlerFunc) *h
 	return srv
 }
 
-type answer struct {
-	status int
-	header http.Header
-	body   string
-}
+// answer and post: a caller's call and what it got back (see httpcheck).
+type answer = httpcheck.Answer
 
-func post(t *testing.T, srv *httptest.Server, path, user, key, body string) answer {
-	t.Helper()
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+path, strings.NewReader(body))
-	if user != "" {
-		req.Header.Set("Authorization", "Bearer "+user)
-	}
-	if key != "" {
-		req.Header.Set(idemhttp.HeaderKey, key)
-	}
-	resp, err := srv.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return answer{resp.StatusCode, resp.Header, string(b)}
-}
+var post = httpcheck.Post
 
 // A handler that returns an error is answered with that error rendered
 // by Echo's HTTPErrorHandler, and the rendered error is what is stored
@@ -105,12 +87,12 @@ func TestEchoReturnedErrorIsStoredRendered(t *testing.T) {
 	again := post(t, srv, "/orders/c1", "alice", "k1", "tea")
 	want := `{"message":"cart c1 is closed"}`
 	for i, a := range []answer{first, again} {
-		if a.status != http.StatusConflict || strings.TrimSpace(a.body) != want || !strings.HasPrefix(a.header.Get("Content-Type"), "application/json") {
-			t.Fatalf("answer %d: %d %q (%s); want 409 %s", i, a.status, a.body, a.header.Get("Content-Type"), want)
+		if a.Status != http.StatusConflict || strings.TrimSpace(a.Body) != want || !strings.HasPrefix(a.Header.Get("Content-Type"), "application/json") {
+			t.Fatalf("answer %d: %d %q (%s); want 409 %s", i, a.Status, a.Body, a.Header.Get("Content-Type"), want)
 		}
 	}
-	if first.header.Get(idemhttp.HeaderReplayed) != "" || again.header.Get(idemhttp.HeaderReplayed) != "true" {
-		t.Fatalf("replay markers %q then %q; want none then true", first.header.Get(idemhttp.HeaderReplayed), again.header.Get(idemhttp.HeaderReplayed))
+	if first.Header.Get(idemhttp.HeaderReplayed) != "" || again.Header.Get(idemhttp.HeaderReplayed) != "true" {
+		t.Fatalf("replay markers %q then %q; want none then true", first.Header.Get(idemhttp.HeaderReplayed), again.Header.Get(idemhttp.HeaderReplayed))
 	}
 	if runs.Load() != 1 {
 		t.Fatalf("handler ran %d times, want 1", runs.Load())
@@ -127,10 +109,10 @@ func TestEchoPlainErrorIsStoredAs500(t *testing.T) {
 	})
 	first := post(t, srv, "/orders/c1", "alice", "k1", "tea")
 	again := post(t, srv, "/orders/c1", "alice", "k1", "tea")
-	if first.status != http.StatusInternalServerError || again.status != first.status || again.body != first.body ||
-		again.header.Get(idemhttp.HeaderReplayed) != "true" || runs.Load() != 1 {
+	if first.Status != http.StatusInternalServerError || again.Status != first.Status || again.Body != first.Body ||
+		again.Header.Get(idemhttp.HeaderReplayed) != "true" || runs.Load() != 1 {
 		t.Fatalf("got %d %q then %d %q (replayed %q) after %d runs; want Echo's 500 replayed, one run",
-			first.status, first.body, again.status, again.body, again.header.Get(idemhttp.HeaderReplayed), runs.Load())
+			first.Status, first.Body, again.Status, again.Body, again.Header.Get(idemhttp.HeaderReplayed), runs.Load())
 	}
 }
 
@@ -148,15 +130,15 @@ func TestEchoJSONIsStoredAndReplayed(t *testing.T) {
 	again := post(t, srv, "/orders/c1", "alice", "k1", "tea")
 	want := `{"body":"tea","cart":"c1","route":"/orders/:cart"}`
 	for i, a := range []answer{first, again} {
-		if a.status != http.StatusCreated || strings.TrimSpace(a.body) != want || a.header.Get("Location") != "/orders/c1" {
-			t.Fatalf("answer %d: %d %v %q; want 201 %s", i, a.status, a.header, a.body, want)
+		if a.Status != http.StatusCreated || strings.TrimSpace(a.Body) != want || a.Header.Get("Location") != "/orders/c1" {
+			t.Fatalf("answer %d: %d %v %q; want 201 %s", i, a.Status, a.Header, a.Body, want)
 		}
 	}
-	if again.header.Get(idemhttp.HeaderReplayed) != "true" || runs.Load() != 1 {
-		t.Fatalf("replayed %q after %d runs", again.header.Get(idemhttp.HeaderReplayed), runs.Load())
+	if again.Header.Get(idemhttp.HeaderReplayed) != "true" || runs.Load() != 1 {
+		t.Fatalf("replayed %q after %d runs", again.Header.Get(idemhttp.HeaderReplayed), runs.Load())
 	}
-	if other := post(t, srv, "/orders/c1", "bob", "k1", "tea"); other.header.Get(idemhttp.HeaderReplayed) != "" || runs.Load() != 2 {
-		t.Fatalf("bob's request under alice's key: replayed %q, %d runs; want a run of its own", other.header.Get(idemhttp.HeaderReplayed), runs.Load())
+	if other := post(t, srv, "/orders/c1", "bob", "k1", "tea"); other.Header.Get(idemhttp.HeaderReplayed) != "" || runs.Load() != 2 {
+		t.Fatalf("bob's request under alice's key: replayed %q, %d runs; want a run of its own", other.Header.Get(idemhttp.HeaderReplayed), runs.Load())
 	}
 }
 
@@ -166,12 +148,12 @@ func TestEchoSkipper(t *testing.T) {
 	srv := server(t, idemecho.IdempotencyConfig{Skipper: func(c echo.Context) bool { return c.Param("cart") == "free" }},
 		func(c echo.Context) error { runs.Add(1); return c.String(http.StatusCreated, "ok") })
 	post(t, srv, "/orders/free", "alice", "k1", "tea")
-	if a := post(t, srv, "/orders/free", "alice", "k1", "tea"); a.header.Get(idemhttp.HeaderReplayed) != "" || runs.Load() != 2 {
-		t.Fatalf("skipped route: replayed %q after %d runs; want two runs", a.header.Get(idemhttp.HeaderReplayed), runs.Load())
+	if a := post(t, srv, "/orders/free", "alice", "k1", "tea"); a.Header.Get(idemhttp.HeaderReplayed) != "" || runs.Load() != 2 {
+		t.Fatalf("skipped route: replayed %q after %d runs; want two runs", a.Header.Get(idemhttp.HeaderReplayed), runs.Load())
 	}
 	post(t, srv, "/orders/c1", "alice", "k1", "tea")
-	if a := post(t, srv, "/orders/c1", "alice", "k1", "tea"); a.header.Get(idemhttp.HeaderReplayed) != "true" || runs.Load() != 3 {
-		t.Fatalf("covered route: replayed %q after %d runs; want a replay", a.header.Get(idemhttp.HeaderReplayed), runs.Load())
+	if a := post(t, srv, "/orders/c1", "alice", "k1", "tea"); a.Header.Get(idemhttp.HeaderReplayed) != "true" || runs.Load() != 3 {
+		t.Fatalf("covered route: replayed %q after %d runs; want a replay", a.Header.Get(idemhttp.HeaderReplayed), runs.Load())
 	}
 }
 

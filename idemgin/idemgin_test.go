@@ -15,6 +15,7 @@ import (
 	"github.com/idem-go/idem/idemgin"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/internal/httpcheck"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -61,29 +62,10 @@ func server(t *testing.T, cfg idemgin.Config, handlers ...gin.HandlerFunc) *http
 	return srv
 }
 
-type answer struct {
-	status int
-	header http.Header
-	body   string
-}
+// answer and post: a caller's call and what it got back (see httpcheck).
+type answer = httpcheck.Answer
 
-func post(t *testing.T, srv *httptest.Server, path, user, key, body string) answer {
-	t.Helper()
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+path, strings.NewReader(body))
-	if user != "" {
-		req.Header.Set("Authorization", "Bearer "+user)
-	}
-	if key != "" {
-		req.Header.Set(idemhttp.HeaderKey, key)
-	}
-	resp, err := srv.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return answer{resp.StatusCode, resp.Header, string(b)}
-}
+var post = httpcheck.Post
 
 // A Gin handler answering through c.Status, c.Header and c.JSON (which
 // sets its Content-Type after the status, as Gin's renderers do) is
@@ -103,20 +85,20 @@ func TestGinRenderersAreStoredAndReplayed(t *testing.T) {
 	again := post(t, srv, "/orders/c1", "alice", "k1", "tea")
 	want := `{"body":"tea","cart":"c1","route":"/orders/:cart"}`
 	for i, a := range []answer{first, again} {
-		if a.status != http.StatusCreated || a.body != want || a.header.Get("Location") != "/orders/c1" ||
-			!strings.HasPrefix(a.header.Get("Content-Type"), "application/json") {
-			t.Fatalf("answer %d: %d %v %q; want 201 %s with its Location and JSON type", i, a.status, a.header, a.body, want)
+		if a.Status != http.StatusCreated || a.Body != want || a.Header.Get("Location") != "/orders/c1" ||
+			!strings.HasPrefix(a.Header.Get("Content-Type"), "application/json") {
+			t.Fatalf("answer %d: %d %v %q; want 201 %s with its Location and JSON type", i, a.Status, a.Header, a.Body, want)
 		}
 	}
-	if first.header.Get(idemhttp.HeaderReplayed) != "" || again.header.Get(idemhttp.HeaderReplayed) != "true" {
-		t.Fatalf("replay markers %q then %q; want none then true", first.header.Get(idemhttp.HeaderReplayed), again.header.Get(idemhttp.HeaderReplayed))
+	if first.Header.Get(idemhttp.HeaderReplayed) != "" || again.Header.Get(idemhttp.HeaderReplayed) != "true" {
+		t.Fatalf("replay markers %q then %q; want none then true", first.Header.Get(idemhttp.HeaderReplayed), again.Header.Get(idemhttp.HeaderReplayed))
 	}
 	if runs.Load() != 1 || after.Load() != 1 {
 		t.Fatalf("handler ran %d times, the next one %d; want 1 and 1 (nothing after a replay)", runs.Load(), after.Load())
 	}
 	// Another tenant's key space: the same key runs again.
-	if other := post(t, srv, "/orders/c1", "bob", "k1", "tea"); other.header.Get(idemhttp.HeaderReplayed) != "" || runs.Load() != 2 {
-		t.Fatalf("bob's request under alice's key: replayed %q, %d runs; want a run of its own", other.header.Get(idemhttp.HeaderReplayed), runs.Load())
+	if other := post(t, srv, "/orders/c1", "bob", "k1", "tea"); other.Header.Get(idemhttp.HeaderReplayed) != "" || runs.Load() != 2 {
+		t.Fatalf("bob's request under alice's key: replayed %q, %d runs; want a run of its own", other.Header.Get(idemhttp.HeaderReplayed), runs.Load())
 	}
 }
 
@@ -125,8 +107,8 @@ func TestGinRenderersAreStoredAndReplayed(t *testing.T) {
 func TestGinStatusWithoutBody(t *testing.T) {
 	srv := server(t, idemgin.Config{}, func(c *gin.Context) { c.Status(http.StatusAccepted) })
 	for i := range 2 {
-		if a := post(t, srv, "/orders/c1", "alice", "k1", ""); a.status != http.StatusAccepted || a.body != "" {
-			t.Fatalf("answer %d: %d %q; want 202 without a body", i, a.status, a.body)
+		if a := post(t, srv, "/orders/c1", "alice", "k1", ""); a.Status != http.StatusAccepted || a.Body != "" {
+			t.Fatalf("answer %d: %d %q; want 202 without a body", i, a.Status, a.Body)
 		}
 	}
 }
@@ -139,9 +121,9 @@ func TestGinMismatch(t *testing.T) {
 	srv := server(t, idemgin.Config{}, func(c *gin.Context) { runs.Add(1); c.String(http.StatusCreated, "ok") })
 	post(t, srv, "/orders/c1", "alice", "k1", "tea")
 	a := post(t, srv, "/orders/c1", "alice", "k1", "coffee")
-	if a.status != http.StatusUnprocessableEntity || a.header.Get("Content-Type") != idemhttp.ContentTypeProblem ||
-		!strings.Contains(a.body, "fingerprint-mismatch") || runs.Load() != 1 {
-		t.Fatalf("reused key: %d %q after %d runs; want the 422 problem fingerprint-mismatch and one run", a.status, a.body, runs.Load())
+	if a.Status != http.StatusUnprocessableEntity || a.Header.Get("Content-Type") != idemhttp.ContentTypeProblem ||
+		!strings.Contains(a.Body, "fingerprint-mismatch") || runs.Load() != 1 {
+		t.Fatalf("reused key: %d %q after %d runs; want the 422 problem fingerprint-mismatch and one run", a.Status, a.Body, runs.Load())
 	}
 }
 

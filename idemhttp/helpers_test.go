@@ -2,12 +2,10 @@ package idemhttp_test
 
 import (
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +14,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/internal/httpcheck"
 )
 
 // clock is a store clock that tests move forward without sleeping.
@@ -42,25 +41,15 @@ func (c *clock) Advance(d time.Duration) {
 // purpose.
 var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// testTenant is the tenant of the requests built by request: the caller
-// its Authorization header authenticates.
-const testTenant = "acme"
+// The requests of the tests, and their tenant (see httpcheck).
+const testTenant = httpcheck.TestTenant
 
-// tenantOf stands for what an authentication middleware in front leaves
-// for TenantFunc: here the tenant is the bearer token itself.
-func tenantOf(r *http.Request) (string, error) {
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || token == "" {
-		return "", errors.New("not authenticated")
-	}
-	return token, nil
-}
-
-// as makes r a request of tenant.
-func as(tenant string, r *http.Request) *http.Request {
-	r.Header.Set("Authorization", "Bearer "+tenant)
-	return r
-}
+var (
+	tenantOf = httpcheck.TenantOf
+	as       = httpcheck.As
+	request  = httpcheck.Request
+	serve    = httpcheck.Serve
+)
 
 // env is a middleware over a fresh memory store.
 type env struct {
@@ -103,22 +92,6 @@ func (e *env) handler(t testing.TB, cfg idemhttp.Config, next http.Handler) http
 	return m.Handler(next)
 }
 
-// request builds a request of testTenant; key "" means no
-// Idempotency-Key field.
-func request(method, target, key, body string) *http.Request {
-	r := httptest.NewRequest(method, target, strings.NewReader(body))
-	if key != "" {
-		r.Header.Set(idemhttp.HeaderKey, key)
-	}
-	return as(testTenant, r)
-}
-
-func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	return w
-}
-
 // counting is a handler that counts its executions and answers 201 with a
 // body naming the execution, a Location, a cookie and a custom header.
 type counting struct {
@@ -147,34 +120,11 @@ func quote(s string) string {
 	return string(b)
 }
 
-// problemBody is the decoded RFC 9457 answer.
-type problemBody struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail"`
-}
+// problemBody is the decoded RFC 9457 answer; wantProblem checks that an
+// answer is the problem slug with status.
+type problemBody = httpcheck.Problem
 
-// wantProblem checks that w is the problem slug with status.
-func wantProblem(t *testing.T, w *httptest.ResponseRecorder, status int, slug string) {
-	t.Helper()
-	if w.Code != status {
-		t.Fatalf("status = %d, want %d; body %s", w.Code, status, w.Body)
-	}
-	if ct := w.Header().Get("Content-Type"); ct != idemhttp.ContentTypeProblem {
-		t.Fatalf("Content-Type = %q, want %q", ct, idemhttp.ContentTypeProblem)
-	}
-	var p problemBody
-	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
-		t.Fatalf("problem body %q: %v", w.Body, err)
-	}
-	if want := idemhttp.ProblemTypeBase + slug; p.Type != want {
-		t.Fatalf("problem type = %q, want %q", p.Type, want)
-	}
-	if p.Status != status || p.Title == "" || p.Detail == "" {
-		t.Fatalf("problem = %+v, want status %d with title and detail", p, status)
-	}
-}
+var wantProblem = httpcheck.WantProblem
 
 // wantEcho checks that the response echoes the request's key.
 func wantEcho(t *testing.T, w *httptest.ResponseRecorder, key string) {

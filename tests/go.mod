@@ -66,6 +66,7 @@ require (
 require (
 	github.com/idem-go/idem/idemconnect v0.1.0
 	github.com/idem-go/idem/idemgrpc v0.1.0
+	github.com/idem-go/idem/tests/internal/frontstore v0.1.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
@@ -86,3 +87,5 @@ replace github.com/idem-go/idem/idemsql => ../idemsql
 replace github.com/idem-go/idem/idemconnect => ../idemconnect
 
 replace github.com/idem-go/idem/idemgrpc => ../idemgrpc
+
+replace github.com/idem-go/idem/tests/internal/frontstore => ./internal/frontstore

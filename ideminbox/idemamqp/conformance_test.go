@@ -4,8 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -38,27 +36,14 @@ type dest struct {
 
 func openDest(queueType, bug string) func(t *testing.T) inboxtest.Destination {
 	return func(t *testing.T) inboxtest.Destination {
-		url := testenv.AMQPURL(t)
-		conn, err := amqp.Dial(url)
-		if err != nil {
-			testenv.Unavailable(t, "RabbitMQ", err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		ch, err := conn.Channel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		queue := testenv.Name()
+		url, conn, ch := openBroker(t)
 		args := amqp.Table{"x-queue-type": queueType}
 		if v, _ := conn.Properties["version"].(string); queueType == "quorum" && !strings.HasPrefix(v, "3.") {
 			// No delivery limit: RabbitMQ 4 gives a quorum queue 20 (and
 			// RabbitMQ 3, which has none, takes -1 for 0).
 			args[DeliveryLimitArg] = int64(-1)
 		}
-		if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
-			t.Fatalf("declare %s queue: %v", queueType, err)
-		}
-		t.Cleanup(func() { _, _ = ch.QueueDelete(queue, false, false, false) })
+		queue := declareQueue(t, ch, args)
 		return &dest{url: url, ch: ch, queue: queue, args: args, bug: bug}
 	}
 }
@@ -147,79 +132,32 @@ func (d *dest) Consume(t testing.TB, inbox *ideminbox.Inbox, handler func(ctx co
 	return kill
 }
 
-// mutants are adapters with a planted bug, each with the case of the
-// suite that must catch it.
-var mutants = map[string]string{
-	"ackBeforeCommit":  "FailedHandlerRedelivered", // acknowledges on arrival, before the inbox ran
-	"nakAcks":          "FailedHandlerRedelivered", // a failure is acknowledged: the message is lost
-	"neverAck":         "Duplicates",               // never releases a processed message
-	"keyPerDelivery":   "Duplicates",               // keys on the delivery, not the message: copies differ
-	"attemptAlwaysOne": "Poison",                   // reports every delivery as the first
-	"termRequeues":     "NoIDRejected",             // gives a message without an id back to run again
-}
-
-// mutantDelivery is the adapter's delivery with one bug planted.
-type mutantDelivery struct {
-	delivery
-	bug string
-}
-
-func (m mutantDelivery) Message() (ideminbox.Message, error) {
-	if m.bug == "ackBeforeCommit" {
-		_ = m.Delivery.Ack(false)
-	}
-	msg, err := m.delivery.Message()
-	switch m.bug {
-	case "attemptAlwaysOne":
-		msg.Attempt = 1
-	case "keyPerDelivery":
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		msg.ID = hex.EncodeToString(b[:])
-	}
-	return msg, err
-}
-
-func (m mutantDelivery) Ack() error {
-	if m.bug == "neverAck" {
-		return nil
-	}
-	return m.delivery.Ack()
-}
-
-func (m mutantDelivery) Term() error {
-	if m.bug == "termRequeues" {
-		return m.delivery.Nak(0)
-	}
-	return m.delivery.Term()
-}
-
-func (m mutantDelivery) Nak(delay time.Duration) error {
-	if m.bug == "nakAcks" {
-		return m.Delivery.Ack(false)
-	}
-	return m.delivery.Nak(delay)
-}
-
 // runMutant consumes as Consumer.Consume does, through the inbox's
-// delivery loop, with the bug planted in the deliveries.
+// delivery loop, with the bug planted in the deliveries (a delivery's id
+// is a random one, for keyPerDelivery).
 func runMutant(ctx context.Context, inbox *ideminbox.Inbox, deliveries <-chan amqp.Delivery, h HandlerFunc, bug string) {
-	loop, err := ideminbox.NewLoop(inbox, &ideminbox.LoopConfig[mutantDelivery]{
-		Handler: func(ctx context.Context, d mutantDelivery) error { return h(ctx, d.Delivery) },
+	type mutant = inboxtest.Mutant[delivery]
+	loop, err := ideminbox.NewLoop(inbox, &ideminbox.LoopConfig[mutant]{
+		Handler: func(ctx context.Context, d mutant) error { return h(ctx, d.Delivery.Delivery) },
 		Logger:  quiet,
 	})
 	if err != nil {
 		panic(err)
 	}
-	_ = loop.Consume(ctx, func(ctx context.Context) (mutantDelivery, error) {
+	randomID := func() string {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		return hex.EncodeToString(b[:])
+	}
+	_ = loop.Consume(ctx, func(ctx context.Context) (mutant, error) {
 		select {
 		case d, ok := <-deliveries:
 			if !ok {
-				return mutantDelivery{}, ErrClosed
+				return mutant{}, ErrClosed
 			}
-			return mutantDelivery{delivery{d, DefaultKey}, bug}, nil
+			return mutant{Delivery: delivery{d, DefaultKey}, Bug: bug, DeliveryID: randomID}, nil
 		case <-ctx.Done():
-			return mutantDelivery{}, ctx.Err()
+			return mutant{}, ctx.Err()
 		}
 	})
 }
@@ -227,39 +165,15 @@ func runMutant(ctx context.Context, inbox *ideminbox.Inbox, deliveries <-chan am
 // mutantEnv names the bug a child process plants.
 const mutantEnv = "IDEMAMQP_MUTANT"
 
-// TestConformanceMutants proves the suite can fail: each planted bug must
-// make its case fail, on a quorum queue. Each runs in a child test binary,
-// since a failing subtest cannot be caught in process.
+// TestConformanceMutants proves the suite can fail: each planted bug of
+// inboxtest.Mutants must make its case fail, on a quorum queue.
 func TestConformanceMutants(t *testing.T) {
-	if os.Getenv(mutantEnv) != "" {
-		t.Skip("in a mutant's child process")
-	}
-	if testing.Short() {
-		t.Skip("skipping the mutants in -short mode: one child process per bug")
-	}
 	testenv.AMQPURL(t)
-	for bug, caught := range mutants {
-		t.Run(bug, func(t *testing.T) {
-			t.Parallel()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestConformanceMutant$/^"+caught+"$", "-test.count=1", "-test.v")
-			cmd.Env = append(os.Environ(), mutantEnv+"="+bug)
-			out, err := cmd.CombinedOutput()
-			if err == nil {
-				t.Fatalf("the suite passed an adapter with bug %s:\n%s", bug, out)
-			}
-			if !strings.Contains(string(out), "--- FAIL: TestConformanceMutant/"+caught+" ") {
-				t.Fatalf("bug %s did not fail %s:\n%s", bug, caught, out)
-			}
-		})
-	}
+	inboxtest.ExerciseMutants(t, mutantEnv)
 }
 
 // TestConformanceMutant runs the suite against the adapter with the bug
 // mutantEnv names; only TestConformanceMutants runs it.
 func TestConformanceMutant(t *testing.T) {
-	bug := os.Getenv(mutantEnv)
-	if bug == "" {
-		t.Skip("run by TestConformanceMutants")
-	}
-	inboxtest.ExerciseAdapter(t, openDest("quorum", bug))
+	inboxtest.ExerciseAdapter(t, openDest("quorum", inboxtest.MutantBug(t, mutantEnv)))
 }

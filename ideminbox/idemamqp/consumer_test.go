@@ -3,9 +3,7 @@ package idemamqp
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -18,11 +16,8 @@ import (
 	"github.com/idem-go/idem/internal/testenv"
 )
 
-// soak scales the duplicates test up: go test ./ideminbox/... -args -soak
-var soak = flag.Bool("soak", false, "run the duplicates tests with thousands of messages")
-
 // quiet drops the logs of the many failures the tests cause on purpose.
-var quiet = slog.New(slog.DiscardHandler)
+var quiet = inboxtest.Quiet
 
 // queueTypes are the two kinds of queue: quorum queues count deliveries,
 // classic ones do not (the inbox counts).
@@ -49,10 +44,9 @@ type bench struct {
 	queueType string
 	args      amqp.Table
 
+	*inboxtest.Tally // by message id; a delivery's number is Attempt's
+
 	mu        sync.Mutex
-	decisions map[string][]ideminbox.Action // by message id
-	trace     map[string][]string           // by message id: "action@delivery", held ones left out
-	calls     map[string]int                // handler runs by message id
 	instances []*instance
 }
 
@@ -61,28 +55,51 @@ func newBench(t *testing.T, b *inboxtest.Backend, queueType string) *bench {
 	return newBenchArgs(t, b, amqp.Table{"x-queue-type": queueType})
 }
 
-// newBenchArgs is newBench with the queue's arguments, x-queue-type
-// among them.
-func newBenchArgs(t *testing.T, b *inboxtest.Backend, args amqp.Table) *bench {
+// openBroker connects to the shared RabbitMQ (skipping t when there is
+// none, as testenv.Unavailable says) and opens a channel, closed when t
+// ends.
+func openBroker(t *testing.T) (url string, conn *amqp.Connection, ch *amqp.Channel) {
 	t.Helper()
-	queueType := args["x-queue-type"].(string)
-	url := testenv.AMQPURL(t)
+	url = testenv.AMQPURL(t)
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		testenv.Unavailable(t, "RabbitMQ", err)
 	}
 	t.Cleanup(func() { conn.Close() })
+	return url, conn, channel(t, conn)
+}
+
+// channel opens a channel on conn.
+func channel(t testing.TB, conn *amqp.Connection) *amqp.Channel {
+	t.Helper()
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ch
+}
+
+// declareQueue declares a fresh durable queue with args (x-queue-type
+// among them), deleted when t ends.
+func declareQueue(t *testing.T, ch *amqp.Channel, args amqp.Table) string {
+	t.Helper()
 	queue := testenv.Name()
 	if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
-		t.Fatalf("declare %s queue: %v", queueType, err)
+		t.Fatalf("declare %s queue: %v", args["x-queue-type"], err)
 	}
 	t.Cleanup(func() { _, _ = ch.QueueDelete(queue, false, false, false) })
+	return queue
+}
+
+// newBenchArgs is newBench with the queue's arguments, x-queue-type
+// among them.
+func newBenchArgs(t *testing.T, b *inboxtest.Backend, args amqp.Table) *bench {
+	t.Helper()
+	queueType := args["x-queue-type"].(string)
+	url, _, ch := openBroker(t)
+	queue := declareQueue(t, ch, args)
 	return &bench{t: t, b: b, url: url, ch: ch, queue: queue, queueType: queueType, args: args,
-		decisions: map[string][]ideminbox.Action{}, trace: map[string][]string{}, calls: map[string]int{}}
+		Tally: inboxtest.NewTally()}
 }
 
 func (be *bench) publish(id, body string) {
@@ -117,13 +134,7 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 	if err := ch.Qos(16, 0, false); err != nil {
 		t.Fatal(err)
 	}
-	ic := ideminbox.Config{
-		Consumer:       "projector",
-		Logger:         quiet,
-		MaxAttempts:    5,
-		InFlightDelay:  20 * time.Millisecond,
-		RetryDelayFunc: func(int) time.Duration { return 10 * time.Millisecond },
-	}
+	ic := inboxtest.InstanceConfig()
 	if mod != nil {
 		mod(&ic)
 	}
@@ -132,9 +143,7 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 		t.Fatal(err)
 	}
 	counted := func(ctx context.Context, d amqp.Delivery) error {
-		be.mu.Lock()
-		be.calls[d.MessageId]++
-		be.mu.Unlock()
+		be.Called(d.MessageId)
 		return handler(ctx, d)
 	}
 	in := &instance{conn: conn, inbox: inbox, done: make(chan error, 1)}
@@ -143,12 +152,7 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 		observed = *cfg
 	}
 	observed.ObserveFunc = func(d amqp.Delivery, dec ideminbox.Decision, _ error) {
-		be.mu.Lock()
-		be.decisions[d.MessageId] = append(be.decisions[d.MessageId], dec.Action)
-		if dec.Action != ideminbox.Hold {
-			be.trace[d.MessageId] = append(be.trace[d.MessageId], fmt.Sprintf("%s@%d", dec.Action, max(Attempt(d), 1)))
-		}
-		be.mu.Unlock()
+		be.Observed(d.MessageId, dec.Action, Attempt(d))
 		if hook != nil {
 			hook(in, d, dec)
 		}
@@ -181,10 +185,11 @@ func (in *instance) stop() {
 	})
 }
 
-// waitFor waits until cond holds, with be.mu held while it runs.
+// waitFor waits until cond holds, with be.mu held while it runs (for
+// what a test keeps there).
 func (be *bench) waitFor(what string, cond func() bool) {
 	be.t.Helper()
-	deadline := time.Now().Add(patience())
+	deadline := time.Now().Add(inboxtest.Patience())
 	for !be.locked(cond) {
 		if time.Now().After(deadline) {
 			be.t.Fatalf("timed out waiting for: %s", what)
@@ -220,43 +225,10 @@ func (be *bench) locked(cond func() bool) bool {
 	return cond()
 }
 
-// count returns how many a decisions were taken for id; be.mu held.
-func (be *bench) count(id string, a ideminbox.Action) int {
-	n := 0
-	for _, x := range be.decisions[id] {
-		if x == a {
-			n++
-		}
-	}
-	return n
-}
-
 func effect(b *inboxtest.Backend) HandlerFunc {
 	return func(ctx context.Context, d amqp.Delivery) error {
 		return b.Insert(ctx, inboxtest.Effects, d.MessageId, string(d.Body))
 	}
-}
-
-func exactlyOnce(t *testing.T, b *inboxtest.Backend, ids []string) {
-	t.Helper()
-	rows := b.Rows(t, inboxtest.Effects)
-	counts := inboxtest.Count(rows)
-	for _, k := range ids {
-		if counts[k] != 1 {
-			t.Errorf("message %s took effect %d times", k, counts[k])
-		}
-	}
-	if len(rows) != len(ids) {
-		t.Errorf("%d effects for %d messages", len(rows), len(ids))
-	}
-}
-
-func orderIDs(n int) []string {
-	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("order-%d", i)
-	}
-	return ids
 }
 
 // N messages, each published several times at the same instant from
@@ -264,10 +236,10 @@ func orderIDs(n int) []string {
 func TestDuplicatesCompetingInstances(t *testing.T) {
 	forEach(t, func(t *testing.T, be *bench) {
 		n, copies := 40, 3
-		if *soak {
+		if inboxtest.Soak() {
 			n, copies = 2000, 4
 		}
-		ids := orderIDs(n)
+		ids := inboxtest.OrderIDs(n)
 		be.start(nil, nil, effect(be.b), nil)
 		be.start(nil, nil, effect(be.b), nil)
 		start := make(chan struct{})
@@ -307,15 +279,15 @@ func TestDuplicatesCompetingInstances(t *testing.T) {
 		wg.Wait()
 		be.settle("every copy acknowledged", func() bool {
 			for _, k := range ids {
-				if be.count(k, ideminbox.Ack)+be.count(k, ideminbox.AckDuplicate) < copies {
+				if be.Acked(k) < copies {
 					return false
 				}
 			}
 			return true
 		})
-		exactlyOnce(t, be.b, ids)
+		inboxtest.ExactlyOnce(t, be.b, ids)
 		for _, k := range ids {
-			if a, d := be.count(k, ideminbox.Ack), be.count(k, ideminbox.AckDuplicate); a != 1 || d != copies-1 {
+			if a, d := be.Count(k, ideminbox.Ack), be.Count(k, ideminbox.AckDuplicate); a != 1 || d != copies-1 {
 				t.Errorf("%s: %d acks and %d duplicate acks, want 1 and %d", k, a, d, copies-1)
 			}
 		}
@@ -327,7 +299,7 @@ func TestDuplicatesCompetingInstances(t *testing.T) {
 // without a second effect.
 func TestKilledBetweenCommitAndAck(t *testing.T) {
 	forEach(t, func(t *testing.T, be *bench) {
-		ids := orderIDs(10)
+		ids := inboxtest.OrderIDs(10)
 		for _, k := range ids {
 			be.publish(k, k)
 		}
@@ -347,19 +319,19 @@ func TestKilledBetweenCommitAndAck(t *testing.T) {
 		be.start(nil, nil, effect(be.b), nil)
 		be.settle("every message acknowledged", func() bool {
 			for _, k := range ids {
-				if be.count(k, ideminbox.Ack)+be.count(k, ideminbox.AckDuplicate) == 0 {
+				if be.Acked(k) == 0 {
 					return false
 				}
 			}
 			// The killed delivery came back and was decided again.
-			return be.count(killed, ideminbox.Ack)+be.count(killed, ideminbox.AckDuplicate) >= 2
+			return be.Acked(killed) >= 2
 		})
-		exactlyOnce(t, be.b, ids)
-		if n := be.count(killed, ideminbox.AckDuplicate); n != 1 {
-			t.Errorf("the redelivery of %s was acked as a duplicate %d times, want 1: %v", killed, n, be.decisions[killed])
+		inboxtest.ExactlyOnce(t, be.b, ids)
+		if n := be.Count(killed, ideminbox.AckDuplicate); n != 1 {
+			t.Errorf("the redelivery of %s was acked as a duplicate %d times, want 1: %v", killed, n, be.Decisions(killed))
 		}
-		if be.calls[killed] != 1 {
-			t.Errorf("handler ran %d times for %s", be.calls[killed], killed)
+		if be.Calls(killed) != 1 {
+			t.Errorf("handler ran %d times for %s", be.Calls(killed), killed)
 		}
 	})
 }
@@ -369,14 +341,12 @@ func TestKilledBetweenCommitAndAck(t *testing.T) {
 func TestFailingThenSucceeding(t *testing.T) {
 	forEach(t, func(t *testing.T, be *bench) {
 		const k = 2
-		ids := orderIDs(10)
+		ids := inboxtest.OrderIDs(10)
 		flaky := func(ctx context.Context, d amqp.Delivery) error {
 			if err := effect(be.b)(ctx, d); err != nil {
 				return err
 			}
-			be.mu.Lock()
-			calls := be.calls[d.MessageId]
-			be.mu.Unlock()
+			calls := be.Calls(d.MessageId)
 			if calls <= k {
 				return errors.New("transient failure")
 			}
@@ -389,16 +359,16 @@ func TestFailingThenSucceeding(t *testing.T) {
 		}
 		be.settle("every message acknowledged", func() bool {
 			for _, id := range ids {
-				if be.count(id, ideminbox.Ack) == 0 {
+				if be.Count(id, ideminbox.Ack) == 0 {
 					return false
 				}
 			}
 			return true
 		})
-		exactlyOnce(t, be.b, ids)
+		inboxtest.ExactlyOnce(t, be.b, ids)
 		for _, id := range ids {
-			if be.calls[id] != k+1 || be.count(id, ideminbox.Nack) != k {
-				t.Errorf("%s: %d runs, %d nacks; want %d, %d", id, be.calls[id], be.count(id, ideminbox.Nack), k+1, k)
+			if be.Calls(id) != k+1 || be.Count(id, ideminbox.Nack) != k {
+				t.Errorf("%s: %d runs, %d nacks; want %d, %d", id, be.Calls(id), be.Count(id, ideminbox.Nack), k+1, k)
 			}
 		}
 	})
@@ -411,7 +381,7 @@ func TestFailingThenSucceeding(t *testing.T) {
 func TestPoison(t *testing.T) {
 	forEach(t, func(t *testing.T, be *bench) {
 		const maxAttempts = 3
-		ids := orderIDs(5)
+		ids := inboxtest.OrderIDs(5)
 		failing := func(ctx context.Context, d amqp.Delivery) error {
 			if err := effect(be.b)(ctx, d); err != nil {
 				return err
@@ -433,7 +403,7 @@ func TestPoison(t *testing.T) {
 		}
 		be.settle("every message poisoned", func() bool {
 			for _, id := range ids {
-				if be.count(id, ideminbox.AckPoison) == 0 {
+				if be.Count(id, ideminbox.AckPoison) == 0 {
 					return false
 				}
 			}
@@ -447,8 +417,8 @@ func TestPoison(t *testing.T) {
 			if dead[id] != 1 {
 				t.Errorf("%s dead-lettered %d times", id, dead[id])
 			}
-			if be.calls[id] != maxAttempts || be.count(id, ideminbox.AckPoison) != 1 {
-				t.Errorf("%s: %d runs, decisions %v", id, be.calls[id], be.decisions[id])
+			if be.Calls(id) != maxAttempts || be.Count(id, ideminbox.AckPoison) != 1 {
+				t.Errorf("%s: %d runs, decisions %v", id, be.Calls(id), be.Decisions(id))
 			}
 			st, err := in.inbox.Status(context.Background(), id)
 			if err != nil || st.State != ideminbox.StatePoison || st.Error != "cannot parse order" ||
@@ -509,7 +479,7 @@ func TestMissingMessageID(t *testing.T) {
 		if actions[0] != ideminbox.Ack || actions[1] != ideminbox.AckDuplicate {
 			t.Fatalf("decisions %v", actions)
 		}
-		exactlyOnce(t, b, []string{"order-7"})
+		inboxtest.ExactlyOnce(t, b, []string{"order-7"})
 	})
 }
 
@@ -544,13 +514,4 @@ func TestAttempt(t *testing.T) {
 			t.Errorf("Attempt(%v) = %d, want %d", tc.headers, got, tc.want)
 		}
 	}
-}
-
-// patience bounds every wait for the brokers: generous, since a loaded
-// machine is slow, and more so for the soak.
-func patience() time.Duration {
-	if *soak {
-		return 15 * time.Minute
-	}
-	return time.Minute
 }

@@ -60,12 +60,12 @@ func TestDeliveryLimitMustLeaveRoom(t *testing.T) {
 			o.Down()
 			for stop := 1; stop <= stops; stop++ {
 				var held int
-				be.locked(func() bool { held = be.count(id, ideminbox.Hold); return true })
+				be.locked(func() bool { held = be.Count(id, ideminbox.Hold); return true })
 				in := be.start(func(c *ideminbox.Config) {
 					c.MaxAttempts = maxAttempts
 					c.StoreRetryInterval = 50 * time.Millisecond
 				}, nil, effect(o.Backend), nil)
-				if !waitUntil(func() bool { return be.locked(func() bool { return be.count(id, ideminbox.Hold) > held }) }) {
+				if !waitUntil(func() bool { return be.locked(func() bool { return be.Count(id, ideminbox.Hold) > held }) }) {
 					if tc.kept {
 						t.Fatalf("stop %d: the message was not delivered again", stop)
 					}
@@ -94,7 +94,7 @@ func TestDeliveryLimitMustLeaveRoom(t *testing.T) {
 				return
 			}
 			be.start(func(c *ideminbox.Config) { c.MaxAttempts = maxAttempts }, nil, effect(o.Backend), nil)
-			be.settle("the message processed", func() bool { return be.count(id, ideminbox.Ack) == 1 })
+			be.settle("the message processed", func() bool { return be.Count(id, ideminbox.Ack) == 1 })
 			if st, err := inbox.Status(context.Background(), id); err != nil || st.State != ideminbox.StateProcessed {
 				t.Fatalf("status %+v, %v; want processed", st, err)
 			}

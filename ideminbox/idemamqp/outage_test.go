@@ -24,7 +24,7 @@ func TestStoreOutageSpendsNoDelivery(t *testing.T) {
 		const maxAttempts = 5
 		const limit = maxAttempts + 2 + ideminbox.GivenBackMargin
 		be := newBenchArgs(t, o.Backend, amqp.Table{"x-queue-type": "quorum", DeliveryLimitArg: limit})
-		ids := orderIDs(3)
+		ids := inboxtest.OrderIDs(3)
 		o.Down()
 		be.start(func(c *ideminbox.Config) {
 			c.MaxAttempts = maxAttempts
@@ -42,15 +42,15 @@ func TestStoreOutageSpendsNoDelivery(t *testing.T) {
 		o.Up()
 		be.settle("every message acknowledged", func() bool {
 			for _, k := range ids {
-				if be.count(k, ideminbox.Ack) == 0 {
+				if be.Count(k, ideminbox.Ack) == 0 {
 					return false
 				}
 			}
 			return true
 		})
-		exactlyOnce(t, o.Backend, ids)
+		inboxtest.ExactlyOnce(t, o.Backend, ids)
 		for _, k := range ids {
-			if tr := be.trace[k]; !slices.Equal(tr, []string{"ack@1"}) {
+			if tr := be.Trace(k); !slices.Equal(tr, []string{"ack@1"}) {
 				t.Errorf("%s: decisions %v, want [ack@1]", k, tr)
 			}
 		}
@@ -66,9 +66,7 @@ func TestStoreOutageIsNotAnAttempt(t *testing.T) {
 		const maxAttempts = 5
 		be := newBench(t, o.Backend, "quorum")
 		failOnce := func(ctx context.Context, d amqp.Delivery) error {
-			be.mu.Lock()
-			calls := be.calls[d.MessageId]
-			be.mu.Unlock()
+			calls := be.Calls(d.MessageId)
 			if calls == 1 {
 				return errors.New("first run fails")
 			}
@@ -85,13 +83,13 @@ func TestStoreOutageIsNotAnAttempt(t *testing.T) {
 		})
 		o.Up()
 		be.waitFor("the message acknowledged", func() bool {
-			return be.count("order-0", ideminbox.Ack)+be.count("order-0", ideminbox.AckPoison) > 0
+			return be.Count("order-0", ideminbox.Ack)+be.Count("order-0", ideminbox.AckPoison) > 0
 		})
 		st, err := in.inbox.Status(context.Background(), "order-0")
 		be.settle("nothing left", func() bool { return true })
-		exactlyOnce(t, o.Backend, []string{"order-0"})
-		if tr := be.trace["order-0"]; !slices.Equal(tr, []string{"nack@1", "ack@2"}) || be.calls["order-0"] != 2 {
-			t.Errorf("decisions %v after %d runs, want [nack@1 ack@2] after 2", tr, be.calls["order-0"])
+		inboxtest.ExactlyOnce(t, o.Backend, []string{"order-0"})
+		if tr := be.Trace("order-0"); !slices.Equal(tr, []string{"nack@1", "ack@2"}) || be.Calls("order-0") != 2 {
+			t.Errorf("decisions %v after %d runs, want [nack@1 ack@2] after 2", tr, be.Calls("order-0"))
 		}
 		if err != nil || st.State != ideminbox.StateProcessed {
 			t.Errorf("status %+v, %v", st, err)

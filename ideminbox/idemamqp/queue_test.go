@@ -58,7 +58,7 @@ func TestConsumeQueue(t *testing.T) {
 		case <-acked:
 		case err := <-done:
 			t.Fatalf("ConsumeQueue: %v", err)
-		case <-time.After(patience()):
+		case <-time.After(inboxtest.Patience()):
 			t.Fatal("timed out waiting for both messages")
 		}
 	}
@@ -66,7 +66,7 @@ func TestConsumeQueue(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	exactlyOnce(t, b, []string{"order-0", "order-1"})
+	inboxtest.ExactlyOnce(t, b, []string{"order-0", "order-1"})
 	q, err := be.ch.QueueDeclarePassive(be.queue, true, false, false, false, be.args)
 	if err != nil || q.Consumers != 0 || q.Messages != 0 {
 		t.Fatalf("queue after ConsumeQueue returned: %+v, %v; want no consumer, no message", q, err)

@@ -45,7 +45,7 @@ func TestAckPolicyMustBeExplicit(t *testing.T) {
 			if err := c.Check(ctx, be.consumer); !errors.Is(err, ErrConsumerConfig) {
 				t.Fatalf("Check: %v", err)
 			}
-			msg, err := be.consumer.Next(jetstream.FetchMaxWait(patience()))
+			msg, err := be.consumer.Next(jetstream.FetchMaxWait(inboxtest.Patience()))
 			if err != nil {
 				t.Fatal(err)
 			}

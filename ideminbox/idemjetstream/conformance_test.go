@@ -2,10 +2,7 @@ package idemjetstream
 
 import (
 	"context"
-	"os"
-	"os/exec"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -39,24 +36,9 @@ type dest struct {
 
 func openDest(bug string) func(t *testing.T) inboxtest.Destination {
 	return func(t *testing.T) inboxtest.Destination {
-		url := testenv.NATSURL(t)
-		nc, err := nats.Connect(url)
-		if err != nil {
-			testenv.Unavailable(t, "NATS", err)
-		}
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		url, js, stream, subject := openStream(t, "orders")
 		ctx := context.Background()
-		name := testenv.Name()
-		subject := strings.ReplaceAll(name, "_", ".") + ".orders"
-		stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}})
-		if err != nil {
-			testenv.Unavailable(t, "NATS JetStream", err)
-		}
-		t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+		name := stream.CachedInfo().Config.Name
 		// A short AckWait: a killed instance's message comes back soon.
 		cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "conformance", MaxDeliver: -1, AckWait: time.Second})
 		if err != nil {
@@ -85,18 +67,7 @@ func conformanceKey(msg jetstream.Msg) (string, error) {
 }
 
 func (d *dest) Consume(t testing.TB, inbox *ideminbox.Inbox, handler func(ctx context.Context, id string) error) func() {
-	nc, err := nats.Connect(d.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.Consumer(context.Background(), d.stream, "conformance")
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, cons := durable(t, d.url, d.stream, "conformance")
 	h := func(ctx context.Context, msg jetstream.Msg) error { return handler(ctx, msg.Headers().Get(idHeader)) }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -124,64 +95,13 @@ func (d *dest) Consume(t testing.TB, inbox *ideminbox.Inbox, handler func(ctx co
 	return kill
 }
 
-// mutants are adapters with a planted bug, each with the case of the
-// suite that must catch it.
-var mutants = map[string]string{
-	"ackBeforeCommit":  "FailedHandlerRedelivered", // acknowledges on arrival, before the inbox ran
-	"nakAcks":          "FailedHandlerRedelivered", // a failure is acknowledged: the message is lost
-	"neverAck":         "Duplicates",               // never releases a processed message
-	"keyPerDelivery":   "Duplicates",               // keys on the stream sequence: copies differ
-	"attemptAlwaysOne": "Poison",                   // reports every delivery as the first
-	"termRequeues":     "NoIDRejected",             // gives a message without an id back to run again
-}
-
-// mutantDelivery is the adapter's delivery with one bug planted.
-type mutantDelivery struct {
-	delivery
-	bug string
-}
-
-func (m mutantDelivery) Message() (ideminbox.Message, error) {
-	if m.bug == "ackBeforeCommit" {
-		_ = m.msg.Ack()
-	}
-	msg, err := m.delivery.Message()
-	switch m.bug {
-	case "attemptAlwaysOne":
-		msg.Attempt = 1
-	case "keyPerDelivery":
-		md, _ := m.msg.Metadata()
-		msg.ID = strconv.FormatUint(md.Sequence.Stream, 10)
-	}
-	return msg, err
-}
-
-func (m mutantDelivery) Ack() error {
-	if m.bug == "neverAck" {
-		return nil
-	}
-	return m.delivery.Ack()
-}
-
-func (m mutantDelivery) Term() error {
-	if m.bug == "termRequeues" {
-		return m.delivery.Nak(0)
-	}
-	return m.delivery.Term()
-}
-
-func (m mutantDelivery) Nak(delay time.Duration) error {
-	if m.bug == "nakAcks" {
-		return m.msg.Ack()
-	}
-	return m.delivery.Nak(delay)
-}
-
 // runMutant consumes as Consumer.Consume does, through the inbox's
-// delivery loop, with the bug planted in the deliveries.
+// delivery loop, with the bug planted in the deliveries (a delivery's id
+// is its stream sequence, for keyPerDelivery).
 func runMutant(ctx context.Context, inbox *ideminbox.Inbox, cons jetstream.Consumer, h HandlerFunc, bug string) {
-	loop, err := ideminbox.NewLoop(inbox, &ideminbox.LoopConfig[mutantDelivery]{
-		Handler:          func(ctx context.Context, d mutantDelivery) error { return h(ctx, d.msg) },
+	type mutant = inboxtest.Mutant[delivery]
+	loop, err := ideminbox.NewLoop(inbox, &ideminbox.LoopConfig[mutant]{
+		Handler:          func(ctx context.Context, d mutant) error { return h(ctx, d.Delivery.msg) },
 		DelaysNak:        true,
 		ProgressInterval: 300 * time.Millisecond,
 		Logger:           quiet,
@@ -189,48 +109,27 @@ func runMutant(ctx context.Context, inbox *ideminbox.Inbox, cons jetstream.Consu
 	if err != nil {
 		panic(err)
 	}
-	_ = loop.Consume(ctx, func(ctx context.Context) (mutantDelivery, error) {
+	_ = loop.Consume(ctx, func(ctx context.Context) (mutant, error) {
 		msg, err := fetch(ctx, cons)
-		return mutantDelivery{delivery{msg, conformanceKey}, bug}, err
+		return mutant{Delivery: delivery{msg, conformanceKey}, Bug: bug, DeliveryID: func() string {
+			md, _ := msg.Metadata()
+			return strconv.FormatUint(md.Sequence.Stream, 10)
+		}}, err
 	})
 }
 
 // mutantEnv names the bug a child process plants.
 const mutantEnv = "IDEMJETSTREAM_MUTANT"
 
-// TestConformanceMutants proves the suite can fail: each planted bug must
-// make its case fail. Each runs in a child test binary, since a failing
-// subtest cannot be caught in process.
+// TestConformanceMutants proves the suite can fail: each planted bug of
+// inboxtest.Mutants must make its case fail.
 func TestConformanceMutants(t *testing.T) {
-	if os.Getenv(mutantEnv) != "" {
-		t.Skip("in a mutant's child process")
-	}
-	if testing.Short() {
-		t.Skip("skipping the mutants in -short mode: one child process per bug")
-	}
 	testenv.NATSURL(t)
-	for bug, caught := range mutants {
-		t.Run(bug, func(t *testing.T) {
-			t.Parallel()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestConformanceMutant$/^"+caught+"$", "-test.count=1", "-test.v")
-			cmd.Env = append(os.Environ(), mutantEnv+"="+bug)
-			out, err := cmd.CombinedOutput()
-			if err == nil {
-				t.Fatalf("the suite passed an adapter with bug %s:\n%s", bug, out)
-			}
-			if !strings.Contains(string(out), "--- FAIL: TestConformanceMutant/"+caught+" ") {
-				t.Fatalf("bug %s did not fail %s:\n%s", bug, caught, out)
-			}
-		})
-	}
+	inboxtest.ExerciseMutants(t, mutantEnv)
 }
 
 // TestConformanceMutant runs the suite against the adapter with the bug
 // mutantEnv names; only TestConformanceMutants runs it.
 func TestConformanceMutant(t *testing.T) {
-	bug := os.Getenv(mutantEnv)
-	if bug == "" {
-		t.Skip("run by TestConformanceMutants")
-	}
-	inboxtest.ExerciseAdapter(t, openDest(bug))
+	inboxtest.ExerciseAdapter(t, openDest(inboxtest.MutantBug(t, mutantEnv)))
 }

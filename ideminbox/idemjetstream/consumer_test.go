@@ -3,9 +3,7 @@ package idemjetstream
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,32 +29,59 @@ type bench struct {
 	subject  string
 	consumer jetstream.Consumer
 
-	mu        sync.Mutex
-	decisions map[string][]ideminbox.Action // by message id
-	trace     map[string][]string           // by message id: "action@delivery"
-	calls     map[string]int                // handler runs by message id
+	*inboxtest.Tally // by message id; a delivery's number is NumDelivered
+
+	mu sync.Mutex // for what a test keeps
 }
 
-func newBench(t *testing.T, b *inboxtest.Backend, cc jetstream.ConsumerConfig) *bench {
+// openStream connects to the shared NATS server (skipping t when there is
+// none, as testenv.Unavailable says) and creates a fresh stream on the
+// subject NAME.topic, deleted when t ends.
+func openStream(t *testing.T, topic string) (url string, js jetstream.JetStream, stream jetstream.Stream, subject string) {
 	t.Helper()
-	url := testenv.NATSURL(t)
+	url = testenv.NATSURL(t)
 	nc, err := nats.Connect(url)
 	if err != nil {
 		testenv.Unavailable(t, "NATS", err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	js, err = jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
 	name := testenv.Name()
-	subject := strings.ReplaceAll(name, "_", ".") + ".order.created"
-	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}})
+	subject = strings.ReplaceAll(name, "_", ".") + "." + topic
+	stream, err = js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: []string{subject}})
 	if err != nil {
 		testenv.Unavailable(t, "NATS JetStream", err)
 	}
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	return url, js, stream, subject
+}
+
+// durable connects to url on a connection of its own and returns the
+// stream's durable consumer.
+func durable(t testing.TB, url, stream, name string) (*nats.Conn, jetstream.Consumer) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.Consumer(context.Background(), stream, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, cons
+}
+
+func newBench(t *testing.T, b *inboxtest.Backend, cc jetstream.ConsumerConfig) *bench {
+	t.Helper()
+	url, js, stream, subject := openStream(t, "order.created")
+	ctx := context.Background()
 	cc.Durable = "projector" // AckPolicy: its zero value is explicit
 	if cc.MaxDeliver == 0 {
 		cc.MaxDeliver = -1
@@ -66,14 +91,14 @@ func newBench(t *testing.T, b *inboxtest.Backend, cc jetstream.ConsumerConfig) *
 		t.Fatal(err)
 	}
 	return &bench{t: t, b: b, url: url, js: js, stream: stream, subject: subject, consumer: consumer,
-		decisions: map[string][]ideminbox.Action{}, trace: map[string][]string{}, calls: map[string]int{}}
+		Tally: inboxtest.NewTally()}
 }
 
-// soak scales the duplicates test up: go test ./ideminbox/... -args -soak
-var soak = flag.Bool("soak", false, "run the duplicates tests with thousands of messages")
-
 // quiet drops the logs of the many failures the tests cause on purpose.
-var quiet = slog.New(slog.DiscardHandler)
+var quiet = inboxtest.Quiet
+
+// eventually waits until cond holds, within inboxtest.Patience.
+var eventually = inboxtest.Eventually
 
 // id is the message id the tests use: the Order-Id header where the test
 // keys on it, else the adapter's default key.
@@ -106,18 +131,9 @@ type instance struct {
 func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler HandlerFunc, hook func(*instance, jetstream.Msg, ideminbox.Decision)) *instance {
 	t := be.t
 	t.Helper()
-	nc, err := nats.Connect(be.url)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, cons := durable(t, be.url, be.stream.CachedInfo().Config.Name, "projector")
 	t.Cleanup(nc.Close)
-	ic := ideminbox.Config{
-		Consumer:       "projector",
-		Logger:         quiet,
-		MaxAttempts:    5,
-		InFlightDelay:  20 * time.Millisecond,
-		RetryDelayFunc: func(int) time.Duration { return 10 * time.Millisecond },
-	}
+	ic := inboxtest.InstanceConfig()
 	if mod != nil {
 		mod(&ic)
 	}
@@ -127,9 +143,7 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 	}
 	counted := func(ctx context.Context, msg jetstream.Msg) error {
 		k, _ := id(msg)
-		be.mu.Lock()
-		be.calls[k]++
-		be.mu.Unlock()
+		be.Called(k)
 		return handler(ctx, msg)
 	}
 	in := &instance{nc: nc, inbox: inbox, done: make(chan error, 1)}
@@ -140,10 +154,7 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 	observed.ObserveFunc = func(msg jetstream.Msg, d ideminbox.Decision, _ error) {
 		k, _ := id(msg)
 		md, _ := msg.Metadata()
-		be.mu.Lock()
-		be.decisions[k] = append(be.decisions[k], d.Action)
-		be.trace[k] = append(be.trace[k], fmt.Sprintf("%s@%d", d.Action, md.NumDelivered))
-		be.mu.Unlock()
+		be.Observed(k, d.Action, int(md.NumDelivered))
 		if hook != nil {
 			hook(in, msg, d)
 		}
@@ -153,14 +164,6 @@ func (be *bench) start(mod func(*ideminbox.Config), cfg *Config, handler Handler
 		t.Fatal(err)
 	}
 	in.c = c
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.Consumer(context.Background(), be.stream.CachedInfo().Config.Name, "projector")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
 	go func() { in.done <- c.Consume(ctx, cons) }()
@@ -183,54 +186,6 @@ func (be *bench) drained() {
 	})
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(patience())
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (be *bench) actions(k string, a ideminbox.Action) int {
-	be.mu.Lock()
-	defer be.mu.Unlock()
-	n := 0
-	for _, x := range be.decisions[k] {
-		if x == a {
-			n++
-		}
-	}
-	return n
-}
-
-func (be *bench) callsOf(k string) int {
-	be.mu.Lock()
-	defer be.mu.Unlock()
-	return be.calls[k]
-}
-
-// traceOf returns k's decisions as "action@delivery", held ones left out.
-func (be *bench) traceOf(k string) []string {
-	be.mu.Lock()
-	defer be.mu.Unlock()
-	var out []string
-	for _, s := range be.trace[k] {
-		if !strings.HasPrefix(s, ideminbox.Hold.String()+"@") {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-func (be *bench) decisionsOf(k string) []ideminbox.Action {
-	be.mu.Lock()
-	defer be.mu.Unlock()
-	return append([]ideminbox.Action(nil), be.decisions[k]...)
-}
-
 func effect(b *inboxtest.Backend) HandlerFunc {
 	return func(ctx context.Context, msg jetstream.Msg) error {
 		k, err := id(msg)
@@ -241,40 +196,16 @@ func effect(b *inboxtest.Backend) HandlerFunc {
 	}
 }
 
-// exactlyOnce checks that each of the n messages order-0 … order-n-1 took
-// effect exactly once.
-func exactlyOnce(t *testing.T, b *inboxtest.Backend, ids []string) {
-	t.Helper()
-	rows := b.Rows(t, inboxtest.Effects)
-	counts := inboxtest.Count(rows)
-	for _, k := range ids {
-		if counts[k] != 1 {
-			t.Errorf("message %s took effect %d times", k, counts[k])
-		}
-	}
-	if len(rows) != len(ids) {
-		t.Errorf("%d effects for %d messages", len(rows), len(ids))
-	}
-}
-
-func orderIDs(n int) []string {
-	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("order-%d", i)
-	}
-	return ids
-}
-
 // N messages, each published several times at the same instant from
 // concurrent publishers, consumed by two competing instances: N effects.
 func TestDuplicatesCompetingInstances(t *testing.T) {
 	inboxtest.ForEach(t, func(t *testing.T, b *inboxtest.Backend) {
 		be := newBench(t, b, jetstream.ConsumerConfig{})
 		n, copies := 40, 3
-		if *soak {
+		if inboxtest.Soak() {
 			n, copies = 2000, 4
 		}
-		ids := orderIDs(n)
+		ids := inboxtest.OrderIDs(n)
 		keyed := &Config{KeyFunc: id}
 		be.start(nil, keyed, effect(b), nil)
 		be.start(nil, keyed, effect(b), nil)
@@ -300,9 +231,9 @@ func TestDuplicatesCompetingInstances(t *testing.T) {
 			t.Fatalf("stream holds %v messages (%v), want %d", info.State.Msgs, err, n*copies)
 		}
 		be.drained()
-		exactlyOnce(t, b, ids)
+		inboxtest.ExactlyOnce(t, b, ids)
 		for _, k := range ids {
-			if a, d := be.actions(k, ideminbox.Ack), be.actions(k, ideminbox.AckDuplicate); a != 1 || d != copies-1 {
+			if a, d := be.Count(k, ideminbox.Ack), be.Count(k, ideminbox.AckDuplicate); a != 1 || d != copies-1 {
 				t.Errorf("%s: %d acks and %d duplicate acks, want 1 and %d", k, a, d, copies-1)
 			}
 		}
@@ -315,7 +246,7 @@ func TestDuplicatesCompetingInstances(t *testing.T) {
 func TestKilledBetweenCommitAndAck(t *testing.T) {
 	inboxtest.ForEach(t, func(t *testing.T, b *inboxtest.Backend) {
 		be := newBench(t, b, jetstream.ConsumerConfig{AckWait: time.Second})
-		ids := orderIDs(10)
+		ids := inboxtest.OrderIDs(10)
 		for _, k := range ids {
 			be.publish(context.Background(), nats.Header{nats.MsgIdHdr: {k}}, k)
 		}
@@ -340,14 +271,14 @@ func TestKilledBetweenCommitAndAck(t *testing.T) {
 		})
 		be.start(nil, nil, effect(b), nil)
 		be.drained()
-		exactlyOnce(t, b, ids)
+		inboxtest.ExactlyOnce(t, b, ids)
 		be.mu.Lock()
 		k := killed
 		be.mu.Unlock()
-		if be.actions(k, ideminbox.AckDuplicate) < 1 {
-			t.Errorf("the redelivery of %s was not acked as a duplicate: %v", k, be.decisionsOf(k))
+		if be.Count(k, ideminbox.AckDuplicate) < 1 {
+			t.Errorf("the redelivery of %s was not acked as a duplicate: %v", k, be.Decisions(k))
 		}
-		if n := be.callsOf(k); n != 1 {
+		if n := be.Calls(k); n != 1 {
 			t.Errorf("handler ran %d times for %s", n, k)
 		}
 	})
@@ -359,7 +290,7 @@ func TestFailingThenSucceeding(t *testing.T) {
 	inboxtest.ForEach(t, func(t *testing.T, b *inboxtest.Backend) {
 		be := newBench(t, b, jetstream.ConsumerConfig{})
 		const k = 2
-		ids := orderIDs(10)
+		ids := inboxtest.OrderIDs(10)
 		flaky := func(ctx context.Context, msg jetstream.Msg) error {
 			if err := effect(b)(ctx, msg); err != nil {
 				return err
@@ -375,10 +306,10 @@ func TestFailingThenSucceeding(t *testing.T) {
 			be.publish(context.Background(), nats.Header{nats.MsgIdHdr: {id}}, id)
 		}
 		be.drained()
-		exactlyOnce(t, b, ids)
+		inboxtest.ExactlyOnce(t, b, ids)
 		for _, id := range ids {
-			if be.callsOf(id) != k+1 || be.actions(id, ideminbox.Nack) != k {
-				t.Errorf("%s: %d runs, %d nacks; want %d, %d", id, be.callsOf(id), be.actions(id, ideminbox.Nack), k+1, k)
+			if be.Calls(id) != k+1 || be.Count(id, ideminbox.Nack) != k {
+				t.Errorf("%s: %d runs, %d nacks; want %d, %d", id, be.Calls(id), be.Count(id, ideminbox.Nack), k+1, k)
 			}
 		}
 	})
@@ -390,7 +321,7 @@ func TestPoison(t *testing.T) {
 	inboxtest.ForEach(t, func(t *testing.T, b *inboxtest.Backend) {
 		be := newBench(t, b, jetstream.ConsumerConfig{})
 		const maxAttempts = 3
-		ids := orderIDs(5)
+		ids := inboxtest.OrderIDs(5)
 		failing := func(ctx context.Context, msg jetstream.Msg) error {
 			if err := effect(b)(ctx, msg); err != nil {
 				return err
@@ -417,8 +348,8 @@ func TestPoison(t *testing.T) {
 			if dead[id] != 1 {
 				t.Errorf("%s dead-lettered %d times", id, dead[id])
 			}
-			if be.callsOf(id) != maxAttempts || be.actions(id, ideminbox.AckPoison) != 1 {
-				t.Errorf("%s: %d runs, decisions %v", id, be.callsOf(id), be.decisionsOf(id))
+			if be.Calls(id) != maxAttempts || be.Count(id, ideminbox.AckPoison) != 1 {
+				t.Errorf("%s: %d runs, decisions %v", id, be.Calls(id), be.Decisions(id))
 			}
 			st, err := in.inbox.Status(context.Background(), id)
 			if err != nil || st.State != ideminbox.StatePoison || st.Error != "cannot parse order" ||
@@ -471,7 +402,7 @@ func TestDefaultKey(t *testing.T) {
 			}
 			keys = append(keys, fmt.Sprintf("%s:%d:%d", name, seq, raw.Time.UnixNano()))
 		}
-		exactlyOnce(t, b, append(keys, "order-1"))
+		inboxtest.ExactlyOnce(t, b, append(keys, "order-1"))
 		for _, k := range []string{keys[0], "order-1"} {
 			if st, err := in.inbox.Status(ctx, k); err != nil || st.State != ideminbox.StateProcessed {
 				t.Errorf("%s: %+v, %v", k, st, err)
@@ -499,15 +430,6 @@ func TestConsumeRefusesLowMaxDeliver(t *testing.T) {
 	}
 }
 
-// patience bounds every wait for the brokers: generous, since a loaded
-// machine is slow, and more so for the soak.
-func patience() time.Duration {
-	if *soak {
-		return 15 * time.Minute
-	}
-	return time.Minute
-}
-
 // Consume returns ErrClosed, instead of blocking forever, when the
 // consumption ends under it: the consumer deleted, the connection closed.
 func TestConsumeReturnsWhenClosed(t *testing.T) {
@@ -523,19 +445,8 @@ func TestConsumeReturnsWhenClosed(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				nc, err := nats.Connect(be.url)
-				if err != nil {
-					t.Fatal(err)
-				}
+				nc, cons := durable(t, be.url, be.stream.CachedInfo().Config.Name, "projector")
 				defer nc.Close()
-				js, err := jetstream.New(nc)
-				if err != nil {
-					t.Fatal(err)
-				}
-				cons, err := js.Consumer(context.Background(), be.stream.CachedInfo().Config.Name, "projector")
-				if err != nil {
-					t.Fatal(err)
-				}
 				done := make(chan error, 1)
 				go func() { done <- c.Consume(context.Background(), cons) }()
 				be.publish(context.Background(), nats.Header{nats.MsgIdHdr: {"order-1"}}, "order-1")
@@ -552,10 +463,10 @@ func TestConsumeReturnsWhenClosed(t *testing.T) {
 					if !errors.Is(err, ErrClosed) {
 						t.Fatalf("Consume = %v, want ErrClosed", err)
 					}
-				case <-time.After(patience()):
+				case <-time.After(inboxtest.Patience()):
 					t.Fatal("Consume still running after the consumption was closed")
 				}
-				exactlyOnce(t, b, []string{"order-1"})
+				inboxtest.ExactlyOnce(t, b, []string{"order-1"})
 			})
 		}
 	})

@@ -65,7 +65,7 @@ func TestDefaultKeyAcrossStreamIncarnations(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ctx, cancel := context.WithTimeout(context.Background(), patience())
+				ctx, cancel := context.WithTimeout(context.Background(), inboxtest.Patience())
 				defer cancel()
 				stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Storage: tc.storage})
 				if err != nil {

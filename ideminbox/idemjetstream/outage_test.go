@@ -25,7 +25,7 @@ func TestStoreOutageSpendsNoDelivery(t *testing.T) {
 		const maxAttempts = 5
 		const maxDeliver = maxAttempts + 2 + ideminbox.GivenBackMargin
 		be := newBench(t, o.Backend, jetstream.ConsumerConfig{MaxDeliver: maxDeliver, AckWait: time.Second})
-		ids := orderIDs(3)
+		ids := inboxtest.OrderIDs(3)
 		o.Down()
 		be.start(func(c *ideminbox.Config) {
 			c.MaxAttempts = maxAttempts
@@ -42,9 +42,9 @@ func TestStoreOutageSpendsNoDelivery(t *testing.T) {
 		})
 		o.Up()
 		be.drained()
-		exactlyOnce(t, o.Backend, ids)
+		inboxtest.ExactlyOnce(t, o.Backend, ids)
 		for _, k := range ids {
-			if tr := be.traceOf(k); !slices.Equal(tr, []string{"ack@1"}) {
+			if tr := be.Trace(k); !slices.Equal(tr, []string{"ack@1"}) {
 				t.Errorf("%s: decisions %v, want [ack@1]", k, tr)
 			}
 		}
@@ -67,7 +67,7 @@ func TestStoreOutageIsNotAnAttempt(t *testing.T) {
 		const maxAttempts = 5
 		be := newBench(t, o.Backend, jetstream.ConsumerConfig{AckWait: time.Second})
 		failOnce := func(ctx context.Context, msg jetstream.Msg) error {
-			if be.callsOf("order-0") == 1 {
+			if be.Calls("order-0") == 1 {
 				return errors.New("first run fails")
 			}
 			return effect(o.Backend)(ctx, msg)
@@ -83,9 +83,9 @@ func TestStoreOutageIsNotAnAttempt(t *testing.T) {
 		})
 		o.Up()
 		be.drained()
-		exactlyOnce(t, o.Backend, []string{"order-0"})
-		if tr := be.traceOf("order-0"); !slices.Equal(tr, []string{"nack@1", "ack@2"}) || be.callsOf("order-0") != 2 {
-			t.Errorf("decisions %v after %d runs, want [nack@1 ack@2] after 2", tr, be.callsOf("order-0"))
+		inboxtest.ExactlyOnce(t, o.Backend, []string{"order-0"})
+		if tr := be.Trace("order-0"); !slices.Equal(tr, []string{"nack@1", "ack@2"}) || be.Calls("order-0") != 2 {
+			t.Errorf("decisions %v after %d runs, want [nack@1 ack@2] after 2", tr, be.Calls("order-0"))
 		}
 		if st, err := in.inbox.Status(context.Background(), "order-0"); err != nil || st.State != ideminbox.StateProcessed {
 			t.Errorf("status %+v, %v", st, err)

@@ -52,16 +52,16 @@ func TestSlowHandlerKeepsItsMessage(t *testing.T) {
 				}
 				deliveries := int(info.Delivered.Consumer)
 				final := func() []ideminbox.Action {
-					return slices.DeleteFunc(be.decisionsOf("order-slow"), func(a ideminbox.Action) bool { return a == ideminbox.Hold })
+					return slices.DeleteFunc(be.Decisions("order-slow"), func(a ideminbox.Action) bool { return a == ideminbox.Hold })
 				}
 				eventually(t, "a final answer to every delivery", func() bool { return len(final()) >= deliveries })
-				exactlyOnce(t, b, []string{"order-slow"})
-				decisions := be.decisionsOf("order-slow")
+				inboxtest.ExactlyOnce(t, b, []string{"order-slow"})
+				decisions := be.Decisions("order-slow")
 				copies := deliveries > 1
 				if n := len(final()); n != deliveries {
 					t.Errorf("%d final answers for %d deliveries", n, deliveries)
 				}
-				if be.actions("order-slow", ideminbox.Ack) != 1 || copies != tc.copies ||
+				if be.Count("order-slow", ideminbox.Ack) != 1 || copies != tc.copies ||
 					slices.ContainsFunc(decisions, func(a ideminbox.Action) bool {
 						return a != ideminbox.Ack && a != ideminbox.Hold && a != ideminbox.AckDuplicate
 					}) {
@@ -79,7 +79,7 @@ func TestSlowHandlerKeepsItsMessage(t *testing.T) {
 func TestWaitingMessagesKeepTheirDelivery(t *testing.T) {
 	b := inboxtest.SQLite(t)
 	be := newBench(t, b, jetstream.ConsumerConfig{AckWait: time.Second})
-	ids := orderIDs(4)
+	ids := inboxtest.OrderIDs(4)
 	for _, k := range ids {
 		be.publish(context.Background(), nats.Header{nats.MsgIdHdr: {k}}, k)
 	}
@@ -91,9 +91,9 @@ func TestWaitingMessagesKeepTheirDelivery(t *testing.T) {
 	}
 	be.start(nil, &Config{ProgressInterval: 200 * time.Millisecond}, slow, nil)
 	be.drained()
-	exactlyOnce(t, b, ids)
+	inboxtest.ExactlyOnce(t, b, ids)
 	for _, k := range ids {
-		if tr := be.traceOf(k); !slices.Equal(tr, []string{"ack@1"}) {
+		if tr := be.Trace(k); !slices.Equal(tr, []string{"ack@1"}) {
 			t.Errorf("%s: decisions %v, want [ack@1]", k, tr)
 		}
 	}

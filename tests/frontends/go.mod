@@ -9,15 +9,16 @@ require (
 	github.com/idem-go/idem/idemecho v0.1.0
 	github.com/idem-go/idem/idemfiber v0.1.0
 	github.com/idem-go/idem/idemgin v0.1.0
-	github.com/idem-go/idem/idempg v0.1.0
-	github.com/idem-go/idem/idemsql v0.1.0
-	github.com/jackc/pgx/v5 v5.13.0
+	github.com/idem-go/idem/tests/internal/frontstore v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 )
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/idem-go/idem/idempg v0.1.0 // indirect
+	github.com/idem-go/idem/idemsql v0.1.0 // indirect
+	github.com/jackc/pgx/v5 v5.13.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
@@ -70,7 +71,6 @@ require (
 	github.com/valyala/fasthttp v1.69.0 // indirect
 	github.com/valyala/fasttemplate v1.2.2 // indirect
 	go.mongodb.org/mongo-driver/v2 v2.5.0 // indirect
-	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/arch v0.22.0 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/net v0.59.0 // indirect
@@ -98,3 +98,5 @@ replace github.com/idem-go/idem/idempg => ../../idempg
 replace github.com/idem-go/idem/idemsql => ../../idemsql
 
 replace github.com/idem-go/idem/idemprom => ../../idemprom
+
+replace github.com/idem-go/idem/tests/internal/frontstore => ../internal/frontstore

@@ -20,14 +20,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/idem-go/idem/cmd/idem/internal/safetext"
 	"io"
 	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/idem-go/idem/internal/fieldtext"
 )
 
 // Exit statuses of Main.
@@ -162,15 +161,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // errorLine is err as Main prints it: one line (a driver's multi-line
 // error folded), without the password of any URL among args (whatever
 // quoted it: a parser, a driver, the flag package), and with every control
-// character escaped, since the text may quote what a server or a stored
-// record holds.
+// character and every invisible one (a bidirectional override) escaped,
+// since the text may quote what a server or a stored record holds.
 func errorLine(err error, args []string) string {
 	s := strings.TrimSpace(err.Error())
 	s = strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
 	for _, a := range args {
 		s = redactURL(s, a)
 	}
-	return fieldtext.Escape(s)
+	return safetext.Escape(s)
 }
 
 // maxArgQuote bounds how much of an argument a message repeats.

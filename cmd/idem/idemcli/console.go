@@ -22,10 +22,11 @@ Serves the operator console on --addr: an overview of the records (by
 state and tenant, the oldest in flight, claims and completions per hour,
 the purge backlog), the keys with filters, one key in full, the abandoned
 operations, and the release or forgetting of a key, each with a reason,
-logged. The JSON API for scripts is under /api/keys (docs/CONSOLE.md).
+logged. The JSON API for scripts is under /api (docs/CONSOLE.md).
 
 Every page and API call needs the token (--token, or IDEM_CONSOLE_TOKEN):
-the pages through a login form, the API as "Authorization: Bearer TOKEN".
+the pages through a login form (a session ends after --session-lifetime),
+the API as "Authorization: Bearer TOKEN".
 It listens on the loopback interface unless --addr says otherwise.
 `
 
@@ -40,11 +41,16 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	token := fs.String("token", "", "the `secret` every page and API call needs (default $IDEM_CONSOLE_TOKEN)")
 	var lease time.Duration
 	durationVar(fs, &lease, "lease", idem.DefaultLease, "the lease the services give: a longer one shows as extended by a heartbeat")
+	var sessionLifetime time.Duration
+	durationVar(fs, &sessionLifetime, "session-lifetime", 12*time.Hour, "how long a login lasts: the console refuses an older session, whatever the browser sends")
 	if err := parseFlags(fs, consoleHelp, args, stdout); err != nil {
 		return err
 	}
 	if *token == "" {
 		*token = os.Getenv("IDEM_CONSOLE_TOKEN")
+	}
+	if sessionLifetime <= 0 {
+		return usagef("--session-lifetime %s: want a positive duration", sessionLifetime)
 	}
 	if len(*token) < 16 {
 		return usagef("--token (or IDEM_CONSOLE_TOKEN) is required, at least 16 characters")
@@ -55,7 +61,7 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer closeStore()
-	h, err := console.New(console.Config{Store: store, Token: *token, Lease: lease, Logger: logger})
+	h, err := console.New(console.Config{Store: store, Token: *token, Lease: lease, Logger: logger, SessionLifetime: sessionLifetime})
 	if err != nil {
 		return err
 	}

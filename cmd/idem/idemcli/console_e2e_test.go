@@ -186,19 +186,20 @@ func TestConsoleAPIAgainstServe(t *testing.T) {
 				t.Fatalf("retry before the release: %s, want 409 (the dead holder's lease runs 90s)", a)
 			}
 			var key apiKey
-			path := base + "/api/keys/" + url.PathEscape(defaultTenant) + "/" + url.PathEscape(stuck)
+			query := "?" + url.Values{"tenant": {defaultTenant}, "key": {stuck}}.Encode()
+			path, release := base+"/api/key"+query, base+"/api/key/release"+query
 			if code := consoleAPI(t, "GET", path, consoleToken, "", &key); code != http.StatusOK || key.Status != "in_flight" {
 				t.Fatalf("GET %s: %d %+v, want in_flight", path, code, key)
 			}
-			if code := consoleAPI(t, "POST", path+"/release", "", `{"reason":"holder killed"}`, nil); code != http.StatusUnauthorized {
+			if code := consoleAPI(t, "POST", release, "", `{"reason":"holder killed"}`, nil); code != http.StatusUnauthorized {
 				t.Fatalf("release without the token: %d, want 401", code)
 			}
 			var res map[string]string
-			if code := consoleAPI(t, "POST", path+"/release", consoleToken, `{"reason":""}`, &res); code != http.StatusBadRequest {
+			if code := consoleAPI(t, "POST", release, consoleToken, `{"reason":""}`, &res); code != http.StatusBadRequest {
 				t.Fatalf("release without a reason: %d %v, want 400", code, res)
 			}
 			body := fmt.Sprintf(`{"reason":"holder pod killed -9","lease_token":%q}`, key.LeaseToken)
-			if code := consoleAPI(t, "POST", path+"/release", consoleToken, body, &res); code != http.StatusOK {
+			if code := consoleAPI(t, "POST", release, consoleToken, body, &res); code != http.StatusOK {
 				t.Fatalf("release: %d %v", code, res)
 			}
 			a := Do(t, retry)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/idem-go/idem/cmd/idem/internal/safetext"
 	"io"
 	"log/slog"
 	"slices"
@@ -20,7 +21,6 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/demo"
 	"github.com/idem-go/idem/ideminbox"
-	"github.com/idem-go/idem/internal/fieldtext"
 )
 
 // InspectOpts are the options of Inspect.
@@ -149,34 +149,10 @@ func (c *Inspect) Run(ctx context.Context, opts *InspectOpts) error {
 		if err := enc.Encode(v); err != nil {
 			return err
 		}
-		_, err := c.stdout().Write(escapeJSONControls(b.Bytes()))
+		_, err := c.stdout().Write(safetext.JSON(b.Bytes()))
 		return err
 	}
 	return v.writeText(c.stdout(), opts.FullBody)
-}
-
-// escapeJSONControls writes DEL and the C1 controls of the JSON text b as
-// \u escapes, which encoding/json leaves raw: on a terminal, U+009B and
-// U+009D start escape sequences. Outside strings JSON is ASCII, so every
-// such character is inside a string, where the escape means the same.
-func escapeJSONControls(b []byte) []byte {
-	// C0 controls are escaped by encoding/json already, and the newlines
-	// of the indentation must stay.
-	isC1 := func(r rune) bool { return r >= 0x7f && fieldtext.IsCTL(r) }
-	if !bytes.ContainsFunc(b, isC1) {
-		return b
-	}
-	out := make([]byte, 0, len(b)+32)
-	for i := 0; i < len(b); {
-		r, size := utf8.DecodeRune(b[i:])
-		if isC1(r) {
-			out = fmt.Appendf(out, `\u%04x`, r)
-		} else {
-			out = append(out, b[i:i+size]...)
-		}
-		i += size
-	}
-	return out
 }
 
 // recordView is a record as inspect prints it; its JSON form is the

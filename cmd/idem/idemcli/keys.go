@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/cmd/idem/internal/safetext"
 )
 
 const keysHelp = `Usage: idem keys list|release|forget [flags]
@@ -101,7 +102,7 @@ func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if err := enc.Encode(out); err != nil {
 			return err
 		}
-		_, err := stdout.Write(escapeJSONControls(b.Bytes()))
+		_, err := stdout.Write(safetext.JSON(b.Bytes()))
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)

@@ -3,11 +3,13 @@ package idemcli
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/safetext"
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -46,6 +48,10 @@ func TestKeysCommands(t *testing.T) {
 			claimKey("stuck", 11, false)
 			claimKey("done", 12, true)
 			claimKey("esc\x1b[2J", 13, true)
+			// A key that a terminal would draw as another: bidirectional
+			// controls (an override, an isolate) and a zero-width space.
+			const bidi = "bidi\u202eevil\u2066x\u2069\u200b"
+			claimKey(bidi, 14, true)
 
 			code, out, errOut := run("keys", "list", "--db", db, "--tenant", tenant)
 			if code != ExitOK || !strings.Contains(out, `"stuck"`) || !strings.Contains(out, "in_flight") || !strings.Contains(out, `"esc\x1b[2J"`) {
@@ -54,6 +60,9 @@ func TestKeysCommands(t *testing.T) {
 			if strings.Contains(out, "\x1b") {
 				t.Errorf("keys list printed a raw escape:\n%q", out)
 			}
+			if !strings.Contains(out, `"bidi\u202eevil\u2066x\u2069\u200b"`) || strings.ContainsFunc(out, safetext.IsInvisible) {
+				t.Errorf("keys list did not escape the invisible characters of a key:\n%q", out)
+			}
 			code, out, _ = run("keys", "list", "--db", db, "--tenant", tenant, "--state", "complete", "--json")
 			var page struct {
 				Keys []struct {
@@ -61,8 +70,23 @@ func TestKeysCommands(t *testing.T) {
 					Status string `json:"status"`
 				} `json:"keys"`
 			}
-			if code != ExitOK || json.Unmarshal([]byte(out), &page) != nil || len(page.Keys) != 2 || page.Keys[0].Status != "complete" {
+			if code != ExitOK || json.Unmarshal([]byte(out), &page) != nil || len(page.Keys) != 3 || page.Keys[0].Status != "complete" {
 				t.Fatalf("keys list --state complete --json: %d %+v\n%s", code, page, out)
+			}
+			// The JSON is the same data, its invisible characters written as
+			// \u escapes: a terminal shows them, a program reads the key.
+			if strings.ContainsFunc(out, safetext.IsInvisible) || !strings.Contains(out, `bidi\u202eevil\u2066x\u2069\u200b`) ||
+				!slices.ContainsFunc(page.Keys, func(k struct {
+					Key    string `json:"key"`
+					Status string `json:"status"`
+				}) bool {
+					return k.Key == bidi
+				}) {
+				t.Errorf("keys list --json: the bidi key raw, or not read back as it is:\n%q", out)
+			}
+			code, out, errOut = run("keys", "forget", "--db", db, "--tenant", tenant, "--key", bidi, "--reason", "test")
+			if code != ExitOK || !strings.Contains(out, `"bidi\u202eevil\u2066x\u2069\u200b": forgotten`) || strings.ContainsFunc(out+errOut, safetext.IsInvisible) {
+				t.Errorf("keys forget of the bidi key: %d %q %q", code, out, errOut)
 			}
 			if code, _, errOut := run("keys", "list", "--db", db, "--state", "stuck"); code != ExitUsage || strings.Count(errOut, "\n") != 1 {
 				t.Errorf("keys list --state stuck: %d %q, want a one-line usage error", code, errOut)

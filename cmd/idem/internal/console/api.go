@@ -1,19 +1,26 @@
 package console
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idem-go/idem/cmd/idem/internal/safetext"
 )
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+	// The same JSON, its invisible characters escaped: a terminal (curl)
+	// shows them as they are.
+	_, _ = w.Write(safetext.JSON(b.Bytes()))
 }
 
 func apiError(w http.ResponseWriter, status int, msg string) {
@@ -43,7 +50,8 @@ func (h *Handler) apiList(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) apiKey(w http.ResponseWriter, r *http.Request) {
-	rec, now, err := h.get(r.Context(), r.PathValue("tenant"), r.PathValue("key"))
+	tenant, key := keyOf(r)
+	rec, now, err := h.get(r.Context(), tenant, key)
 	if err != nil {
 		apiError(w, statusOf(err), err.Error())
 		return
@@ -65,7 +73,8 @@ func (h *Handler) apiAct(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, `want a JSON body such as {"reason": "holder pod killed"}`)
 		return
 	}
-	req := Action{Name: r.PathValue("action"), Tenant: r.PathValue("tenant"), Key: r.PathValue("key"), Reason: body.Reason, Who: who(r.Context())}
+	tenant, key := keyOf(r)
+	req := Action{Name: r.PathValue("action"), Tenant: tenant, Key: key, Reason: body.Reason, Who: who(r.Context())}
 	if body.Token != "" {
 		t, err := strconv.ParseInt(body.Token, 10, 64)
 		if err != nil {

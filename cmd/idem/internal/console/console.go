@@ -3,7 +3,8 @@
 // over a store that implements idem.KeyLister, behind one token.
 //
 // Every page and API call needs the token: pages through a login form that
-// sets an HttpOnly, SameSite=Strict cookie, the API through
+// sets an HttpOnly, SameSite=Strict cookie (a session that the console
+// itself ends after Config.SessionLifetime), the API through
 // "Authorization: Bearer TOKEN" (cookies are not accepted there, so the
 // API needs no CSRF defence). The forms that change something carry a
 // CSRF token and are refused from another origin. Everything a record
@@ -25,6 +26,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,6 +48,11 @@ type Config struct {
 	Lease time.Duration
 	// Logger receives the actions. Defaults to slog.Default().
 	Logger *slog.Logger
+	// SessionLifetime is how long a login lasts. The console refuses a
+	// session older than this whatever the browser sends (a cookie copied
+	// off a machine, a browser that keeps it): the session's time of
+	// issue is in the cookie, under its HMAC. Defaults to 12 hours.
+	SessionLifetime time.Duration
 }
 
 // Handler serves the console.
@@ -57,6 +64,10 @@ type Handler struct {
 	log    *slog.Logger
 	pages  map[string]*template.Template
 	mux    *http.ServeMux
+	// sessionLifetime bounds a session's age; now is the clock it is
+	// measured with (a test's, in the tests).
+	sessionLifetime time.Duration
+	now             func() time.Time
 }
 
 // New returns the console's handler.
@@ -68,9 +79,13 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Token == "" {
 		return nil, errors.New("a token is required")
 	}
-	h := &Handler{store: cfg.Store, lister: lister, token: cfg.Token, lease: cfg.Lease, log: cfg.Logger}
+	h := &Handler{store: cfg.Store, lister: lister, token: cfg.Token, lease: cfg.Lease, log: cfg.Logger,
+		sessionLifetime: cfg.SessionLifetime, now: time.Now}
 	if h.lease <= 0 {
 		h.lease = 90 * time.Second
+	}
+	if h.sessionLifetime <= 0 {
+		h.sessionLifetime = 12 * time.Hour
 	}
 	if h.log == nil {
 		h.log = slog.Default()
@@ -92,10 +107,20 @@ func New(cfg Config) (*Handler, error) {
 	m.HandleFunc("GET /{$}", h.page(h.overview))
 	m.HandleFunc("GET /keys", h.page(h.keys))
 	m.HandleFunc("GET /abandoned", h.page(h.abandoned))
+	// One key is named in the query (?tenant=…&key=…), not in the path:
+	// a tenant or key is any text a client sent, and as path segments "",
+	// "." and ".." do not survive (the mux cleans them away, a browser
+	// too). The path forms are kept for the links and scripts written
+	// before; they serve the names that survive in a path.
+	m.HandleFunc("GET /key", h.page(h.key))
+	m.HandleFunc("GET /key/{action}", h.page(h.confirm))
+	m.HandleFunc("POST /key/{action}", h.page(h.act))
 	m.HandleFunc("GET /keys/{tenant}/{key}", h.page(h.key))
 	m.HandleFunc("GET /keys/{tenant}/{key}/{action}", h.page(h.confirm))
 	m.HandleFunc("POST /keys/{tenant}/{key}/{action}", h.page(h.act))
 	m.HandleFunc("GET /api/keys", h.api(h.apiList))
+	m.HandleFunc("GET /api/key", h.api(h.apiKey))
+	m.HandleFunc("POST /api/key/{action}", h.api(h.apiAct))
 	m.HandleFunc("GET /api/keys/{tenant}/{key}", h.api(h.apiKey))
 	m.HandleFunc("POST /api/keys/{tenant}/{key}/{action}", h.api(h.apiAct))
 	h.mux = m
@@ -130,25 +155,54 @@ func (h *Handler) mac(parts ...string) string {
 
 func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
 
-// session returns the operator's name from a valid session cookie.
-func (h *Handler) session(r *http.Request) (string, bool) {
+// session is one login: the operator's name, and when the console let
+// them in (Unix seconds, as the cookie holds it).
+type session struct {
+	name   string
+	issued string
+}
+
+// cookieValue is what the session cookie of s holds: its time of issue,
+// the HMAC of both under the token, and the name last (it may hold any
+// character, "|" included).
+func (h *Handler) cookieValue(s session) string {
+	return url.QueryEscape(s.issued + "|" + h.mac("session", s.issued, s.name) + "|" + s.name)
+}
+
+// maxSkew is how far in the future a session's time of issue may be: the
+// clock of the console that issued it may run a little ahead (several
+// instances behind one address), no further.
+const maxSkew = time.Minute
+
+// session returns the operator's session from a valid session cookie: its
+// HMAC right, and issued less than the session lifetime ago.
+func (h *Handler) session(r *http.Request) (session, bool) {
 	c, err := r.Cookie(cookieName)
 	if err != nil {
-		return "", false
+		return session{}, false
 	}
 	raw, err := url.QueryUnescape(c.Value)
 	if err != nil {
-		return "", false
+		return session{}, false
 	}
-	name, sig, ok := strings.Cut(raw, "|")
-	if !ok || !equal(sig, h.mac("session", name)) {
-		return "", false
+	issued, rest, ok := strings.Cut(raw, "|")
+	sig, name, ok2 := strings.Cut(rest, "|")
+	if !ok || !ok2 || !equal(sig, h.mac("session", issued, name)) {
+		return session{}, false
 	}
-	return name, true
+	sec, err := strconv.ParseInt(issued, 10, 64)
+	if err != nil {
+		return session{}, false
+	}
+	if age := h.now().Sub(time.Unix(sec, 0)); age >= h.sessionLifetime || age < -maxSkew {
+		return session{}, false
+	}
+	return session{name: name, issued: issued}, true
 }
 
-// csrf is the CSRF token of the operator's session.
-func (h *Handler) csrf(who string) string { return h.mac("csrf", who) }
+// csrf is the CSRF token of the operator's session: another login, even
+// under the same name, has another.
+func (h *Handler) csrf(s session) string { return h.mac("csrf", s.issued, s.name) }
 
 type ctxKey struct{}
 
@@ -159,7 +213,7 @@ func who(ctx context.Context) string { s, _ := ctx.Value(ctxKey{}).(string); ret
 // POST must carry the session's CSRF token and come from this origin.
 func (h *Handler) page(fn http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		name, ok := h.session(r)
+		s, ok := h.session(r)
 		if !ok {
 			if r.Method == http.MethodGet {
 				http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
@@ -169,12 +223,12 @@ func (h *Handler) page(fn http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		if r.Method == http.MethodPost {
-			if !sameOrigin(r) || !equal(r.PostFormValue("csrf"), h.csrf(name)) {
+			if !sameOrigin(r) || !equal(r.PostFormValue("csrf"), h.csrf(s)) {
 				http.Error(w, "refused: the form did not come from this console (CSRF check)", http.StatusForbidden)
 				return
 			}
 		}
-		fn(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, name+" (console, "+r.RemoteAddr+")")))
+		fn(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, s.name+" (console, "+r.RemoteAddr+")")))
 	}
 }
 
@@ -225,8 +279,9 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.log.Info("idem console: login", slog.String("who", name), slog.String("remote", r.RemoteAddr))
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: url.QueryEscape(name + "|" + h.mac("session", name)),
-		Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: 12 * 3600})
+	s := session{name: name, issued: strconv.FormatInt(h.now().Unix(), 10)}
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: h.cookieValue(s),
+		Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(h.sessionLifetime / time.Second)})
 	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
 }
 
@@ -251,9 +306,9 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, nam
 	if data == nil {
 		data = map[string]any{}
 	}
-	if op, ok := h.session(r); ok {
-		data["Operator"] = op
-		data["CSRF"] = h.csrf(op)
+	if s, ok := h.session(r); ok {
+		data["Operator"] = s.name
+		data["CSRF"] = h.csrf(s)
 	}
 	var b strings.Builder
 	if err := h.pages[name].Execute(&b, data); err != nil {
@@ -270,7 +325,28 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 	h.render(w, r, status, "error", map[string]any{"Status": status, "Message": msg})
 }
 
-// keyPath is the path of a key's page, each part path-escaped.
-func keyPath(tenant, key string) string {
-	return "/keys/" + url.PathEscape(tenant) + "/" + url.PathEscape(key)
+// keyQuery names one key in a query string: whatever bytes tenant and
+// key hold come back from it as they were ("", ".", "..", "/", "%2F",
+// "?", "#", invalid UTF-8 included).
+func keyQuery(tenant, key string) string {
+	return url.Values{"tenant": {tenant}, "key": {key}}.Encode()
+}
+
+// keyPath is the URL of a key's page.
+func keyPath(tenant, key string) string { return "/key?" + keyQuery(tenant, key) }
+
+// actionPath is the URL of an action on a key: its confirmation (GET),
+// the action itself (POST).
+func actionPath(action, tenant, key string) string {
+	return "/key/" + url.PathEscape(action) + "?" + keyQuery(tenant, key)
+}
+
+// keyOf returns the key a request names: in its query (/key, /api/key),
+// or in its path (the older /keys/{tenant}/{key} forms).
+func keyOf(r *http.Request) (tenant, key string) {
+	if strings.Contains(r.Pattern, "{key}") {
+		return r.PathValue("tenant"), r.PathValue("key")
+	}
+	q := r.URL.Query()
+	return q.Get("tenant"), q.Get("key")
 }

@@ -100,7 +100,7 @@ func TestEveryPageNeedsTheToken(t *testing.T) {
 	srv, st, _ := newTestConsole(t)
 	claim(t, st, "t", "k", 1, "")
 	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	for _, path := range []string{"/", "/keys", "/abandoned", "/keys/t/k", "/keys/t/k/release"} {
+	for _, path := range []string{"/", "/keys", "/abandoned", "/key?tenant=t&key=k", "/key/release?tenant=t&key=k", "/keys/t/k", "/keys/t/k/release"} {
 		resp, err := noRedirect.Get(srv.URL + path)
 		if err != nil {
 			t.Fatal(err)
@@ -124,7 +124,7 @@ func TestEveryPageNeedsTheToken(t *testing.T) {
 			t.Errorf("GET /api/keys with Authorization %q: %d, want 401", auth, resp.StatusCode)
 		}
 	}
-	resp, err := http.PostForm(srv.URL+"/keys/t/k/release", url.Values{"reason": {"x"}, "confirm": {"yes"}})
+	resp, err := http.PostForm(srv.URL+actionPath("release", "t", "k"), url.Values{"reason": {"x"}, "confirm": {"yes"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestMarkupIsEscaped(t *testing.T) {
 	claim(t, st, tenant, key, 5, `<script>alert("body")</script>`)
 	c, _ := login(t, srv)
 	list := get(t, c, srv.URL+"/keys", http.StatusOK)
-	page := get(t, c, srv.URL+keyPath(tenant, key)+"?body=1", http.StatusOK)
+	page := get(t, c, srv.URL+keyPath(tenant, key)+"&body=1", http.StatusOK)
 	for name, html := range map[string]string{"list": list, "key page": page} {
 		if strings.Contains(html, "<script>") || strings.Contains(html, "<b>") {
 			t.Errorf("the %s holds the stored markup unescaped", name)
@@ -173,7 +173,7 @@ func TestActionsNeedCSRFAndAReason(t *testing.T) {
 	claim(t, st, "t", "k/1", 9, "")
 	c, csrf := login(t, srv)
 	post := func(form url.Values, origin string) int {
-		req, _ := http.NewRequest("POST", srv.URL+keyPath("t", "k/1")+"/release", strings.NewReader(form.Encode()))
+		req, _ := http.NewRequest("POST", srv.URL+actionPath("release", "t", "k/1"), strings.NewReader(form.Encode()))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		if origin != "" {
 			req.Header.Set("Origin", origin)
@@ -242,7 +242,7 @@ func TestReleaseRefusedWhenTheLeaseMoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	form := url.Values{"csrf": {csrf}, "reason": {"looks stuck"}, "confirm": {"yes"}, "token": {"3"}, "seen": {seen}}
-	resp, err := c.PostForm(srv.URL+keyPath("t", "busy")+"/release", form)
+	resp, err := c.PostForm(srv.URL+actionPath("release", "t", "busy"), form)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func TestReleaseRefusedWhenTheLeaseMoved(t *testing.T) {
 		t.Errorf("the page does not say the lease was extended:\n%s", body)
 	}
 	form.Set("force", "1")
-	resp, err = c.PostForm(srv.URL+keyPath("t", "busy")+"/release", form)
+	resp, err = c.PostForm(srv.URL+actionPath("release", "t", "busy"), form)
 	if err != nil {
 		t.Fatal(err)
 	}

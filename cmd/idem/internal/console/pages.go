@@ -105,7 +105,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, title string, aba
 }
 
 func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
-	tenant, key := r.PathValue("tenant"), r.PathValue("key")
+	tenant, key := keyOf(r)
 	rec, now, err := h.get(r.Context(), tenant, key)
 	if err != nil {
 		h.fail(w, r, statusOf(err), err.Error())
@@ -155,7 +155,8 @@ func (h *Handler) confirm(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusNotFound, "no such action")
 		return
 	}
-	rec, now, err := h.get(r.Context(), r.PathValue("tenant"), r.PathValue("key"))
+	tenant, key := keyOf(r)
+	rec, now, err := h.get(r.Context(), tenant, key)
 	if err != nil {
 		h.fail(w, r, statusOf(err), err.Error())
 		return
@@ -183,7 +184,8 @@ type Action struct {
 }
 
 func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
-	req := Action{Name: r.PathValue("action"), Tenant: r.PathValue("tenant"), Key: r.PathValue("key"),
+	tenant, key := keyOf(r)
+	req := Action{Name: r.PathValue("action"), Tenant: tenant, Key: key,
 		Reason: r.PostFormValue("reason"), Force: r.PostFormValue("force") == "1", Who: who(r.Context())}
 	if s := r.PostFormValue("token"); s != "" {
 		req.Token, _ = strconv.ParseInt(s, 10, 64)

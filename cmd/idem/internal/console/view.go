@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/safetext"
 )
 
 // bodyPreview bounds how much of a stored body a page or the API shows.
@@ -117,8 +118,14 @@ func (v *keyView) HeaderNames() []string {
 	return names
 }
 
-// Path is the path of the key's page.
+// Path is the URL of the key's page.
 func (v *keyView) Path() string { return keyPath(v.Tenant, v.Key) }
+
+// BodyPath is the URL of the key's page with the body shown.
+func (v *keyView) BodyPath() string { return keyPath(v.Tenant, v.Key) + "&body=1" }
+
+// ActionPath is the URL of action on the key.
+func (v *keyView) ActionPath(action string) string { return actionPath(action, v.Tenant, v.Key) }
 
 var funcs = template.FuncMap{
 	"time": func(t time.Time) string {
@@ -140,6 +147,11 @@ var funcs = template.FuncMap{
 		return q.Encode()
 	},
 	"token": func(t int64) string { return strconv.FormatInt(t, 10) },
+	// shown is stored text as a page shows it: its control and invisible
+	// characters (a right-to-left override, a zero-width space) as
+	// escapes, so that a key reads as what it holds; html/template then
+	// escapes its markup.
+	"shown": safetext.Escape,
 }
 
 // roughDuration prints d to the second, or to the minute past an hour.
