@@ -370,8 +370,8 @@ type execution struct {
 	hctx   context.Context
 	cancel context.CancelCauseFunc // hctx's
 	st     execState
-	lease  lease  // what the heartbeat keeps of it
-	held   *lease // &lease while the heartbeat keeps it; nil when it is off
+	held   bool  // the heartbeat keeps the lease
+	lease  lease // what the heartbeat keeps of it, under its lock
 }
 
 // run runs fn under a won claim, in unit when the claim began it
@@ -393,8 +393,8 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *Clai
 		x.st.stepsRefused = ErrStepsSingleTransaction
 	}
 	if e.keeper != nil {
-		x.held = &x.lease
-		e.keeper.add(x.held, ExtendParams{Tenant: op.Tenant, Key: op.Key, Token: token, Lease: e.config.Lease}, x.hctx, &x.st, cancel)
+		x.held = true
+		e.keeper.add(x)
 	}
 
 	// fn returns, panics (recovered by callHandler) or ends its goroutine
@@ -422,11 +422,11 @@ var errGoexit = errors.New("idem: the handler's goroutine exited (runtime.Goexit
 // and reports whether the heartbeat found the lease lost.
 func (x *execution) stopLease() (lost bool) {
 	x.cancel(nil)
-	if x.held == nil {
+	if !x.held {
 		return false
 	}
-	lost = x.e.keeper.remove(x.held)
-	x.held = nil
+	lost = x.e.keeper.remove(x)
+	x.held = false
 	return lost
 }
 

@@ -29,7 +29,7 @@ type keeper struct {
 	leaseTracer LeaseTracer
 
 	mu      sync.Mutex
-	leases  map[*lease]struct{}
+	leases  map[*execution]struct{}
 	running bool           // the loop runs
 	closed  bool           // Engine.Close stopped the keeper
 	stop    chan struct{}  // closed by Engine.Close
@@ -37,19 +37,13 @@ type keeper struct {
 }
 
 func newKeeper(store Store, interval time.Duration, logger *slog.Logger) *keeper {
-	return &keeper{store: store, interval: interval, logger: logger, leases: make(map[*lease]struct{}), stop: make(chan struct{})}
+	return &keeper{store: store, interval: interval, logger: logger, leases: make(map[*execution]struct{}), stop: make(chan struct{})}
 }
 
-// lease is one running handler's claim as the keeper sees it.
+// lease is what the keeper keeps of a running execution, guarded by
+// keeper.mu.
 type lease struct {
-	params ExtendParams
-	// ctx is the handler's: its values (a span) go with the extensions.
-	ctx    context.Context
-	st     *execState
-	cancel context.CancelCauseFunc // ends ctx
-
-	// Guarded by keeper.mu.
-	due       time.Time // when the next extension is due
+	due       time.Time // when the next extension is due; zero until the loop first sees it
 	extending bool      // an Extend call is under way
 	lost      bool      // the store refused an extension
 }
@@ -61,12 +55,10 @@ func (k *keeper) tick() time.Duration {
 	return max(k.interval/4, time.Millisecond)
 }
 
-// add starts keeping l, the lease p of the handler running under ctx,
-// alive; cancel ends ctx when the lease is lost.
-func (k *keeper) add(l *lease, p ExtendParams, ctx context.Context, st *execState, cancel context.CancelCauseFunc) {
-	*l = lease{params: p, ctx: ctx, st: st, cancel: cancel, due: time.Now().Add(k.interval)}
+// add starts keeping x's lease alive.
+func (k *keeper) add(x *execution) {
 	k.mu.Lock()
-	k.leases[l] = struct{}{}
+	k.leases[x] = struct{}{}
 	if !k.running && !k.closed {
 		k.running = true
 		k.wg.Add(1)
@@ -75,12 +67,12 @@ func (k *keeper) add(l *lease, p ExtendParams, ctx context.Context, st *execStat
 	k.mu.Unlock()
 }
 
-// remove stops keeping l and reports whether its lease was found lost. An
-// extension under way finishes unheeded.
-func (k *keeper) remove(l *lease) (lost bool) {
+// remove stops keeping x's lease and reports whether it was found lost.
+// An extension under way finishes unheeded.
+func (k *keeper) remove(x *execution) (lost bool) {
 	k.mu.Lock()
-	delete(k.leases, l)
-	lost = l.lost
+	delete(k.leases, x)
+	lost = x.lease.lost
 	k.mu.Unlock()
 	return lost
 }
@@ -112,13 +104,22 @@ func (k *keeper) beat(now time.Time) bool {
 		k.running = false
 		return false
 	}
-	for l := range k.leases {
+	for x := range k.leases {
+		l := &x.lease
+		if l.due.IsZero() {
+			// Added since the last tick: due a whole interval from this
+			// one, so at most a tick late, never early (and no clock
+			// read for the many leases that end before their first
+			// tick).
+			l.due = now.Add(k.interval)
+			continue
+		}
 		if l.extending || l.lost || now.Before(l.due) {
 			continue
 		}
 		l.extending = true
 		k.wg.Add(1)
-		go k.extend(l)
+		go k.extend(x)
 	}
 	return true
 }
@@ -136,28 +137,30 @@ func (k *keeper) close() {
 	k.wg.Wait()
 }
 
-// extend runs one Extend call for l, outside the keeper's lock so that a
+// extend runs one Extend call for x, outside the keeper's lock so that a
 // slow store delays no other lease.
-func (k *keeper) extend(l *lease) {
+func (k *keeper) extend(x *execution) {
 	defer k.wg.Done()
+	p := ExtendParams{Tenant: x.op.Tenant, Key: x.op.Key, Token: x.token, Lease: x.e.config.Lease}
 	var err error
 	if k.storeTracer == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), k.interval)
-		err = k.store.Extend(ctx, l.params)
+		err = k.store.Extend(ctx, p)
 		cancel()
 	} else {
 		// The handler's context carries the operation's values (its
 		// span), without its end: the extension is the keeper's.
-		ctx, s := startStore(context.WithoutCancel(l.ctx), k.storeTracer, StoreExtend, k.storeName)
+		ctx, s := startStore(context.WithoutCancel(x.hctx), k.storeTracer, StoreExtend, k.storeName)
 		ctx, cancel := context.WithTimeout(ctx, k.interval)
-		err = k.store.Extend(ctx, l.params)
+		err = k.store.Extend(ctx, p)
 		cancel()
 		s.end(ctx, err)
 	}
 
 	k.mu.Lock()
+	l := &x.lease
 	l.extending = false
-	if _, kept := k.leases[l]; !kept {
+	if _, kept := k.leases[x]; !kept {
 		k.mu.Unlock()
 		return // the handler finished meanwhile
 	}
@@ -166,8 +169,8 @@ func (k *keeper) extend(l *lease) {
 		l.lost = true
 		// Before the cancellation: a step that sees the context
 		// cancelled must find the lease known lost (Step).
-		l.st.lost.Store(true)
-		l.cancel(ErrLeaseLost)
+		x.st.lost.Store(true)
+		x.cancel(ErrLeaseLost)
 	case err != nil:
 		// A store hiccup: the lease still runs for a while; try again at
 		// the next tick rather than waiting a whole interval.
@@ -178,9 +181,9 @@ func (k *keeper) extend(l *lease) {
 	k.mu.Unlock()
 	if err != nil && !errors.Is(err, ErrLeaseLost) {
 		k.logger.Warn("idem: lease heartbeat failed; retrying at the next tick", slog.String("store", k.storeName),
-			slog.String("key", l.params.Key), errorAttr(err))
+			slog.String("key", p.Key), errorAttr(err))
 		if k.leaseTracer != nil {
-			k.leaseTracer.TraceLease(context.WithoutCancel(l.ctx), TraceLeaseData{Event: LeaseHeartbeatFailed, Store: k.storeName, Err: err})
+			k.leaseTracer.TraceLease(context.WithoutCancel(x.hctx), TraceLeaseData{Event: LeaseHeartbeatFailed, Store: k.storeName, Err: err})
 		}
 	}
 }

@@ -30,7 +30,7 @@ const saveLaterPause = time.Second
 // until saveLater is done.
 func (x *execution) savesLater() bool {
 	st := &x.st
-	if x.held == nil || st.unsavedStep.Load() == nil || x.stepLostLease() != nil || st.lost.Load() || st.unrecordable.Load() {
+	if !x.held || st.unsavedStep.Load() == nil || x.stepLostLease() != nil || st.lost.Load() || st.unrecordable.Load() {
 		return false
 	}
 	st.mu.Lock()
