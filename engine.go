@@ -363,8 +363,15 @@ type execution struct {
 	op    Operation
 	token int64
 	unit  UnitOfWork
-	rc    *runCtx
-	held  *lease // nil when the heartbeat is off
+	// hctx is the handler's context: the unit's, carrying st
+	// (ExecutionFromContext, NotExecuted, RollbackWrites, Step), cancelled
+	// with cause ErrLeaseLost when the heartbeat finds the lease lost and
+	// without one (context.Canceled) once the handler has returned.
+	hctx   context.Context
+	cancel context.CancelCauseFunc // hctx's
+	st     execState
+	held   bool  // the heartbeat keeps the lease
+	lease  lease // what the heartbeat keeps of it, under its lock
 }
 
 // run runs fn under a won claim, in unit when the claim began it
@@ -378,14 +385,16 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *Clai
 		}
 	}
 	x := &execution{e: e, ctx: ctx, op: op, token: token, unit: unit}
-	x.rc = newRunCtx(unit.Context(ctx))
-	x.rc.exec.info = Execution{Tenant: op.Tenant, Key: op.Key, LeaseToken: token, Store: e.info.Name, Takeover: claim.Takeover}
-	x.rc.exec.initSteps(e, op, unit, claim.Steps)
+	hctx, cancel := context.WithCancelCause(unit.Context(ctx))
+	x.hctx, x.cancel = context.WithValue(hctx, execKey{}, &x.st), cancel
+	x.st.info = Execution{Tenant: op.Tenant, Key: op.Key, LeaseToken: token, Store: e.info.Name, Takeover: claim.Takeover}
+	x.st.initSteps(e, op, unit, claim.Steps)
 	if e.unitClaimer != nil {
-		x.rc.exec.stepsRefused = ErrStepsSingleTransaction
+		x.st.stepsRefused = ErrStepsSingleTransaction
 	}
 	if e.keeper != nil {
-		x.held = e.keeper.add(op, token, e.config.Lease, x.rc)
+		x.held = true
+		e.keeper.add(x)
 	}
 
 	// fn returns, panics (recovered by callHandler) or ends its goroutine
@@ -395,14 +404,14 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *Clai
 	returned := false
 	defer func() {
 		if !returned {
-			x.rc.exec.endSteps()
+			x.st.endSteps()
 			x.stopLease()
 			x.abandon(errGoexit)
 		}
 	}()
-	res, err := callHandler(x.rc, fn)
+	res, err := callHandler(x.hctx, fn)
 	returned = true
-	x.rc.exec.endSteps()
+	x.st.endSteps()
 	return x.finish(res, err)
 }
 
@@ -412,12 +421,12 @@ var errGoexit = errors.New("idem: the handler's goroutine exited (runtime.Goexit
 // stopLease takes the lease off the heartbeat, ends the handler's context,
 // and reports whether the heartbeat found the lease lost.
 func (x *execution) stopLease() (lost bool) {
-	x.rc.end()
-	if x.held == nil {
+	x.cancel(nil)
+	if !x.held {
 		return false
 	}
-	lost = x.e.keeper.remove(x.held)
-	x.held = nil
+	lost = x.e.keeper.remove(x)
+	x.held = false
 	return lost
 }
 
@@ -429,7 +438,7 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 		// A step ran and its record failed: the engine keeps the lease
 		// and records it later (saveLater). Whatever the handler
 		// answered is discarded, as below.
-		cause := *x.rc.exec.unsavedStep.Load()
+		cause := *x.st.unsavedStep.Load()
 		if errors.As(err, &panicked) {
 			return Outcome{}, err
 		}
@@ -454,7 +463,7 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 			return Outcome{}, err
 		}
 		return Outcome{}, cause
-	case x.rc.exec.unsavedStep.Load() != nil:
+	case x.st.unsavedStep.Load() != nil:
 		// A step's effect happened and its record did not, whatever the
 		// handler answered after that (a front end's handler cannot
 		// return the error), even a panic: a retry now would repeat the
@@ -469,7 +478,7 @@ func (x *execution) finish(res Result, err error) (Outcome, error) {
 	case errors.As(err, &panicked):
 		x.abandon(err)
 		return Outcome{}, err
-	case err == nil && x.rc.exec.notExecuted.Load():
+	case err == nil && x.st.notExecuted.Load():
 		// The function says it did nothing: keep nothing, free the key.
 		x.rollback("", nil)
 		x.release("the handler marked its answer NotExecuted after it recorded steps", nil)
@@ -517,7 +526,7 @@ func (x *execution) cancelled(res Result, err error) (Outcome, error) {
 // complete stores res and commits the unit of work.
 func (x *execution) complete(ctx context.Context, res Result) (Outcome, error) {
 	e := x.e
-	withoutWrites := x.rc.exec.rollbackWrites.Load() && e.info.Transactional
+	withoutWrites := x.st.rollbackWrites.Load() && e.info.Transactional
 	if withoutWrites && e.unitClaimer != nil {
 		// The claim is in the unit of work: rolling it back would free
 		// the key. The unit rolls the writes back and stores the answer
@@ -583,13 +592,13 @@ func (x *execution) completed(ctx context.Context, res Result, err error) (Outco
 // one's, after a takeover), the error to end the execution with, wrapping
 // ErrLeaseLost; nil otherwise.
 func (x *execution) stepLostLease() error {
-	p := x.rc.exec.unsavedStep.Load()
+	p := x.st.unsavedStep.Load()
 	switch {
 	case p == nil:
 		return nil
 	case errors.Is(*p, ErrLeaseLost):
 		return *p
-	case x.rc.exec.lost.Load():
+	case x.st.lost.Load():
 		return fmt.Errorf("%w; before that, %w", ErrLeaseLost, *p)
 	}
 	return nil
@@ -611,7 +620,7 @@ func (x *execution) lostAtStep() error {
 // recorded: its writes rolled back, its key in flight until the lease
 // ends. It returns the step's error.
 func (x *execution) keepUnsaved() error {
-	cause := *x.rc.exec.unsavedStep.Load()
+	cause := *x.st.unsavedStep.Load()
 	reason := "a step ran but was not recorded"
 	if errors.Is(cause, ErrOutcomeUnknown) {
 		reason = "the handler's outcome is unknown (OutcomeUnknown)"
@@ -631,7 +640,7 @@ func (x *execution) abandon(cause error) {
 		x.lostAtStep()
 		return
 	}
-	if x.rc.exec.unsavedStep.Load() != nil {
+	if x.st.unsavedStep.Load() != nil {
 		x.keepUnsaved()
 		return
 	}
@@ -657,7 +666,7 @@ func (x *execution) release(reason string, cause error) {
 // that takes the key over gets their results instead of running them
 // again, and a retry with another request under the key is refused.
 func (x *execution) warnStepsKept(reason string, cause error) {
-	st := &x.rc.exec
+	st := &x.st
 	st.mu.Lock()
 	saved := st.savedSteps
 	names := make([]string, 0, len(st.recorded))

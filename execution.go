@@ -74,8 +74,8 @@ type execState struct {
 	stepsRefused error
 }
 
-// execKey is the context key under which a run context answers its
-// execState.
+// execKey is the context key under which the handler's context carries
+// its execState.
 type execKey struct{}
 
 func stateFrom(ctx context.Context) *execState {

@@ -29,8 +29,8 @@ const saveLaterPause = time.Second
 // unit of work is rolled back and its lease stays with the heartbeat
 // until saveLater is done.
 func (x *execution) savesLater() bool {
-	st := &x.rc.exec
-	if x.held == nil || st.unsavedStep.Load() == nil || x.stepLostLease() != nil || st.lost.Load() || st.unrecordable.Load() {
+	st := &x.st
+	if !x.held || st.unsavedStep.Load() == nil || x.stepLostLease() != nil || st.lost.Load() || st.unrecordable.Load() {
 		return false
 	}
 	st.mu.Lock()
@@ -40,7 +40,7 @@ func (x *execution) savesLater() bool {
 	if len(pending) == 0 || !x.e.enter() {
 		return false
 	}
-	x.rc.end()
+	x.cancel(nil)
 	cause := *st.unsavedStep.Load()
 	x.rollback("a step ran but was not recorded", cause)
 	e := x.e
@@ -57,7 +57,7 @@ func (x *execution) savesLater() bool {
 // (which takes the key over and gets the steps) on a transactional store;
 // left to end on another, where the handler's other effects may stand.
 func (x *execution) saveLater(pending []RecordedStep, cause error) {
-	e, st := x.e, &x.rc.exec
+	e, st := x.e, &x.st
 	defer e.exit()
 	ctx := context.WithoutCancel(x.ctx)
 	pause := 10 * time.Millisecond

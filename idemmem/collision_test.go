@@ -10,10 +10,10 @@ import (
 	"github.com/idem-go/idem/idemmem"
 )
 
-// TestHashCollision files two records under one hash: the store hashes
-// tenant, a NUL and key, so ("a\x00b", "c") and ("a", "b\x00c") collide
-// on every seed. Each must still be claimed, completed, read, released
-// and purged as the distinct record it is.
+// TestHashCollision claims two pairs that one string of tenant, a NUL
+// and key would confuse: ("a\x00b", "c") and ("a", "b\x00c"). Each must
+// still be claimed, completed, read, released and purged as the distinct
+// record it is.
 func TestHashCollision(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -47,8 +47,7 @@ func TestHashCollision(t *testing.T) {
 			t.Fatalf("get %q: state %s", p, rec.State)
 		}
 	}
-	// The first pair is the second of its chain: release it, then purge
-	// the head.
+	// Release the first, then purge the second.
 	if err := s.Release(ctx, idem.ReleaseParams{Tenant: "a\x00b", Key: "c", Token: 1}); err != nil {
 		t.Fatal(err)
 	}

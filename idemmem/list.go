@@ -31,7 +31,7 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, 
 func (s *Store) KeyStats(ctx context.Context, p idem.StatsParams) (idem.KeyStats, error) {
 	c := keylist.NewCounter(s.now())
 	err := s.each(ctx, func(e *entry) {
-		if p.Tenant == "" || e.tenant == p.Tenant {
+		if p.Tenant == "" || e.rec.Tenant == p.Tenant {
 			c.Add(keylist.Strip(e.record()))
 		}
 	})
@@ -43,31 +43,26 @@ func (s *Store) Forget(ctx context.Context, p idem.ForgetParams) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	sh, h := s.locate(p.Tenant, p.Key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := sh.find(h, p.Tenant, p.Key)
-	if e == nil || !e.complete || e.token != p.Token {
+	k := recordKey{p.Tenant, p.Key}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.records[k]
+	if e == nil || e.inFlight() || e.rec.LeaseToken != p.Token {
 		return idem.ErrNotFound
 	}
-	sh.remove(h, e)
+	s.remove(k, e)
 	return nil
 }
 
-// each calls fn for every record, under its shard's lock.
+// each calls fn for every record, under the store's lock.
 func (s *Store) each(ctx context.Context, fn func(e *entry)) error {
-	for i := range s.shards {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		for _, head := range sh.records {
-			for e := head; e != nil; e = e.next {
-				fn(e)
-			}
-		}
-		sh.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.records {
+		fn(e)
 	}
 	return nil
 }

@@ -15,28 +15,15 @@ func (s *Store) GetState(ctx context.Context, tenant, key string) (*idem.Record,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	sh, h := s.locate(tenant, key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := sh.find(h, tenant, key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.records[recordKey{tenant, key}]
 	if e == nil {
 		return nil, idem.ErrNotFound
 	}
-	rec := &idem.Record{
-		Tenant:      e.tenant,
-		Key:         e.key,
-		State:       idem.StateInFlight,
-		LeaseToken:  e.token,
-		LockedUntil: e.at(e.lockedUntil),
-		CreatedAt:   e.createdAt,
-		ExpiresAt:   e.at(e.expiresAt),
-	}
-	if len(e.fingerprint) > 0 {
-		rec.Fingerprint = bytes.Clone(e.fingerprint)
-	}
-	if e.complete {
-		rec.State = idem.StateComplete
-		rec.CompletedAt = e.at(e.completedAt)
-	}
-	return rec, nil
+	rec := e.rec
+	rec.Fingerprint = bytes.Clone(rec.Fingerprint)
+	rec.Result = idem.Result{}
+	rec.Steps = nil
+	return &rec, nil
 }

@@ -36,65 +36,58 @@ func (s *Store) Watch(ctx context.Context, tenant, key string) (<-chan struct{},
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	sh, h := s.locate(tenant, key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := sh.find(h, tenant, key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.records[recordKey{tenant, key}]
 	if e == nil || !e.inFlight() {
 		return closed, func() {}, nil
 	}
-	w := sh.watches[e]
+	w := e.watch
 	if w == nil {
 		w = &watch{ch: make(chan struct{})}
-		if sh.watches == nil {
-			sh.watches = make(map[*entry]*watch)
-		}
-		sh.watches[e] = w
-		e.watched = true
-		w.timer = time.AfterFunc(e.at(e.lockedUntil).Sub(s.now()), func() { s.leaseTimer(sh, e, w) })
+		e.watch = w
+		w.timer = time.AfterFunc(e.rec.LockedUntil.Sub(s.now()), func() { s.leaseTimer(e, w) })
 	}
 	w.refs++
 	var once sync.Once
-	return w.ch, func() { once.Do(func() { s.unwatch(sh, e, w) }) }, nil
+	return w.ch, func() { once.Do(func() { s.unwatch(e, w) }) }, nil
 }
 
 // leaseTimer closes w's channel when e's lease has ended, and sets the
 // timer again when a heartbeat moved the end since: a heartbeat is no
 // change a waiter cares about.
-func (s *Store) leaseTimer(sh *shard, e *entry, w *watch) {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if sh.watches[e] != w {
+func (s *Store) leaseTimer(e *entry, w *watch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e.watch != w {
 		return
 	}
-	if left := e.at(e.lockedUntil).Sub(s.now()); left > 0 {
+	if left := e.rec.LockedUntil.Sub(s.now()); left > 0 {
 		w.timer.Reset(left)
 		return
 	}
-	sh.changed(e)
+	s.changed(e)
 }
 
 // unwatch counts a subscriber of w out, and drops w after the last.
-func (s *Store) unwatch(sh *shard, e *entry, w *watch) {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+func (s *Store) unwatch(e *entry, w *watch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	w.refs--
-	if w.refs == 0 && sh.watches[e] == w {
+	if w.refs == 0 && e.watch == w {
 		w.timer.Stop()
-		delete(sh.watches, e)
-		e.watched = false
+		e.watch = nil
 	}
 }
 
 // changed tells e's subscribers that it changed, and forgets them: they
-// watch again if they care. The caller holds the shard's lock.
-func (sh *shard) changed(e *entry) {
-	if !e.watched {
+// watch again if they care. The caller holds s.mu.
+func (s *Store) changed(e *entry) {
+	w := e.watch
+	if w == nil {
 		return
 	}
-	w := sh.watches[e]
 	w.timer.Stop()
 	close(w.ch)
-	delete(sh.watches, e)
-	e.watched = false
+	e.watch = nil
 }
