@@ -32,9 +32,11 @@ const mysqlWon = `(lease_token = @token OR ` + mysqlTakeover + `)`
 
 // mysqlDialect lacks errorNumber: MySQLDialect copies it with one.
 var mysqlDialect = &dialect{
-	name:    "mysql",
-	kind:    kindMySQL,
-	migrate: idemmigrate.MySQL,
+	name:         "mysql",
+	storeName:    "mysql",
+	placeholders: positional,
+	rules:        mysqlRules,
+	migrate:      idemmigrate.MySQL,
 
 	// The statement's last insert id tells the outcome, whatever the
 	// rows affected say: LAST_INSERT_ID(x) makes the server report x as

@@ -9,9 +9,11 @@ import "github.com/idem-go/idem/idemmigrate"
 const sqliteNow = `CAST(round(unixepoch('subsec') * 1000000) AS INTEGER)`
 
 var sqliteDialect = &dialect{
-	name:    "sqlite",
-	kind:    kindSQLite,
-	migrate: idemmigrate.SQLite,
+	name:         "sqlite",
+	storeName:    "sqlite",
+	placeholders: numbered,
+	rules:        sqliteRules,
+	migrate:      idemmigrate.SQLite,
 
 	// A claim of a key without a record is this one statement, which
 	// inserts or, when a record exists, does nothing and returns no row.

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,7 +173,7 @@ func (s *Store) ClaimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 func (s *Store) claimUnit(ctx context.Context, p idem.ClaimParams, wait time.Duration) (*singleUnit, *idem.Record, error) {
 	u := newUnit(s)
 	beginCtx := ctx
-	if s.d.kind == kindSQLite && s.single.isHeld(p.Tenant, p.Key) {
+	if s.d.oneWriter && s.single.isHeld(p.Tenant, p.Key) {
 		// A duplicate of an execution of this Store: the write lock it
 		// waits for is the holder's, so the wait limit bounds the wait.
 		var cancel context.CancelFunc
@@ -197,13 +195,14 @@ func (s *Store) claimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 		return nil, rec, err
 	}
 	su := &singleUnit{u: u, params: p, takeover: takeover}
-	if s.d.kind == kindSQLite {
+	if s.d.oneWriter {
 		su.unhold = s.single.hold(p.Tenant, p.Key)
 	}
 	return su, nil, nil
 }
 
-// claimIn runs the claim on conn, in its open transaction.
+// claimIn runs the claim on conn, in its open transaction
+// (rules.claimIn).
 func (s *Store) claimIn(ctx context.Context, conn *sql.Conn, p idem.ClaimParams, wait time.Duration) (won, takeover bool, rec *idem.Record, err error) {
 	values := map[string]any{
 		"tenant":      p.Tenant,
@@ -213,119 +212,7 @@ func (s *Store) claimIn(ctx context.Context, conn *sql.Conn, p idem.ClaimParams,
 		"lease":       p.Lease.Microseconds(),
 		"retention":   p.Retention.Microseconds(),
 	}
-	switch s.d.kind {
-	case kindSQLite:
-		return s.claimInSQLite(ctx, conn, values)
-	case kindPostgres:
-		// lock_timeout bounds the wait on a row another transaction
-		// inserted, for the claim only: set for the transaction, and set
-		// back right after (0 would mean no limit).
-		ms := strconv.FormatInt(max(wait.Milliseconds(), 1), 10)
-		if _, err := conn.ExecContext(ctx, "SET LOCAL lock_timeout = "+ms); err != nil {
-			return false, false, nil, err
-		}
-		var token int64
-		var steps []byte
-		err := conn.QueryRowContext(ctx, s.d.claim.text, s.d.claim.args(values)...).Scan(&token, &steps, &takeover)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			return false, false, nil, nil
-		case postgresState(err) == "55P03":
-			return false, false, nil, fmt.Errorf("idemsql: %w (waited %s for its transaction)", idem.ErrInFlight, wait)
-		case err != nil:
-			return false, false, nil, err
-		}
-		if _, err := conn.ExecContext(ctx, "SET LOCAL lock_timeout TO DEFAULT"); err != nil {
-			return false, false, nil, err
-		}
-		return true, takeover, nil, nil
-	default: // MySQL
-		text, claimCtx := s.d.claim.text, ctx
-		if s.isMariaDB(ctx, conn) {
-			// innodb_lock_wait_timeout counts whole seconds (0: do not
-			// wait), for this statement only.
-			secs := (wait + time.Second - 1) / time.Second
-			text = "SET STATEMENT innodb_lock_wait_timeout = " + strconv.FormatInt(int64(secs), 10) + " FOR " + text
-		} else if wait >= 0 {
-			// MySQL has no per-statement lock wait: the context bounds
-			// it, and the driver closes the connection when it ends.
-			var cancel context.CancelFunc
-			claimCtx, cancel = context.WithTimeout(ctx, max(wait, time.Millisecond))
-			defer cancel()
-		}
-		res, err := conn.ExecContext(claimCtx, text, s.d.claim.args(values)...)
-		if err != nil {
-			if n, ok := s.d.number(err); (ok && n == mysqlLockWaitTimeout) || (claimCtx != ctx && ctx.Err() == nil && claimCtx.Err() != nil) {
-				return false, false, nil, fmt.Errorf("idemsql: %w (waited %s for its transaction)", idem.ErrInFlight, wait)
-			}
-			return false, false, nil, err
-		}
-		// See mysqlDialect.claim: 0 lost, 1 won, 2 won by a takeover.
-		id, err := res.LastInsertId()
-		if err != nil {
-			return false, false, nil, err
-		}
-		return id == 1 || id == 2, id == 2, nil, nil
-	}
-}
-
-// claimInSQLite claims on SQLite in the open transaction, which holds the
-// write lock: it reads the record, inserts one when there is none, and
-// replaces one past its retention, or in flight with an ended lease, the
-// same fingerprint and no recovery points (an execution of a Store in the
-// default mode that died). A lost claim returns the record it read.
-func (s *Store) claimInSQLite(ctx context.Context, conn *sql.Conn, values map[string]any) (won, takeover bool, rec *idem.Record, err error) {
-	var expired, ended bool
-	row := conn.QueryRowContext(ctx, s.d.claimRead.text, s.d.claimRead.args(values)...)
-	rec, stored, err := scanRecord(s.d, row, &expired, &ended)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		var token int64
-		if err := conn.QueryRowContext(ctx, s.d.claim.text, s.d.claim.args(values)...).Scan(&token); err != nil {
-			return false, false, nil, err
-		}
-		return true, false, nil, nil
-	case err != nil:
-		return false, false, nil, err
-	}
-	if ended && !expired {
-		// Recovery points of a dead execution are not resumed in this
-		// mode: such a record is left to a Store in the default mode.
-		ended = len(stored) == 0
-	}
-	if !expired && !ended {
-		return false, false, rec, nil
-	}
-	values["steps"] = nil
-	values["old"] = rec.LeaseToken
-	res, err := conn.ExecContext(ctx, s.d.claimReplace.text, s.d.claimReplace.args(values)...)
-	if err != nil {
-		return false, false, nil, err
-	}
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		return false, false, nil, fmt.Errorf("idemsql: claim: replaced %d records under the write lock, want 1 (%v)", n, err)
-	}
-	return true, !expired, nil, nil
-}
-
-// isMariaDB reports whether the MySQL server is MariaDB, read once.
-func (s *Store) isMariaDB(ctx context.Context, conn *sql.Conn) bool {
-	switch s.single.mariaDB.Load() {
-	case 1:
-		return false
-	case 2:
-		return true
-	}
-	var version string
-	if err := conn.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
-		return false
-	}
-	v := int32(1)
-	if strings.Contains(strings.ToLower(version), "mariadb") {
-		v = 2
-	}
-	s.single.mariaDB.Store(v)
-	return v == 2
+	return s.d.claimIn(s, ctx, conn, values, wait)
 }
 
 // singleUnit is the unit of work of a claim in the single-transaction
