@@ -37,6 +37,11 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			return idem.ClaimResult{}, idem.NotApplied(err)
 		}
 	}
+	if s.d.claimFolded != nil {
+		if res, ok, err := s.d.claimFolded(s, ctx, p); ok {
+			return res, err
+		}
+	}
 	rec, replay, err := s.peek(ctx, p.Tenant, p.Key)
 	if err != nil {
 		// A read: nothing was claimed.

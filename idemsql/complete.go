@@ -59,6 +59,11 @@ var errAborted = errors.New("idemsql: the transaction was aborted by a failed st
 // way the connection goes back to the pool.
 func (u *unit) complete(ctx context.Context, p idem.CompleteParams) error {
 	s, conn := u.s, u.conn
+	if s.d.completeFolded != nil {
+		if done, err := s.d.completeFolded(u, ctx, p); done {
+			return err
+		}
+	}
 	if s.d.seal != nil {
 		if err := s.d.seal(u, ctx); err != nil {
 			u.finish(ctx)

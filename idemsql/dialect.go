@@ -190,6 +190,10 @@ const (
 	// MySQL: ER_LOCK_WAIT_TIMEOUT. InnoDB rolled back the statement, or
 	// the whole transaction when innodb_rollback_on_timeout is on.
 	mysqlLockWaitTimeout = 1205
+	// MySQL: ER_DUP_ENTRY, a unique key met.
+	mysqlDuplicate = 1062
+	// MySQL: ER_UNSUPPORTED_PS, a statement the server cannot prepare.
+	mysqlUnsupportedPS = 1295
 	// MySQL: ER_LOCK_TABLE_FULL. InnoDB rolled the whole transaction back.
 	mysqlLockTableFull = 1206
 	// MySQL: ER_SP_DOES_NOT_EXIST, which RELEASE SAVEPOINT answers for a

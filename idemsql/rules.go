@@ -35,11 +35,24 @@ type rules struct {
 	// it read one.
 	claimIn func(s *Store, ctx context.Context, conn *sql.Conn, values map[string]any, wait time.Duration) (won, takeover bool, rec *idem.Record, err error)
 
-	// begin returns the statements that open the unit's transaction, in
-	// order. beginRetries is true when the first one did nothing if it
-	// failed with a retryable error, and may run again (SQLite's BEGIN
-	// IMMEDIATE answered busy).
-	begin        func(u *unit) []string
+	// claimFolded, when set, runs the whole of Store.Claim, its peek
+	// included, where the server can fold them into fewer round trips
+	// (MariaDB); ok false hands the claim back to the statements one by
+	// one. claimUnitNew, when set, begins the single-transaction mode's
+	// transaction and claims in it a key that ClaimUnit's read found
+	// without a record, in fewer round trips; nil without error hands
+	// the claim back to the general way. completeFolded folds the unit's
+	// completion and commit (done false: the caller completes; true: the
+	// transaction has ended, committed or not).
+	claimFolded    func(s *Store, ctx context.Context, p idem.ClaimParams) (res idem.ClaimResult, ok bool, err error)
+	claimUnitNew   func(s *Store, ctx context.Context, p idem.ClaimParams, wait time.Duration) (*singleUnit, error)
+	completeFolded func(u *unit, ctx context.Context, p idem.CompleteParams) (done bool, err error)
+
+	// begin returns the statements that open the unit's transaction on
+	// conn, in order. beginRetries is true when the first one did nothing
+	// if it failed with a retryable error, and may run again (SQLite's
+	// BEGIN IMMEDIATE answered busy).
+	begin        func(u *unit, ctx context.Context, conn *sql.Conn) []string
 	beginRetries bool
 
 	// endedBy reports whether err, returned by one of the handler's

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -21,7 +20,16 @@ var mysqlRules = rules{
 	// completion finds and rolls back, instead of committing statement by
 	// statement. The first statement opens the transaction; the savepoint
 	// marks it.
-	begin:           func(*unit) []string { return []string{"SET autocommit = 0", "SAVEPOINT " + savepoint} },
+	// On MariaDB both go in one compound statement (mariaBegin).
+	begin: func(u *unit, ctx context.Context, conn *sql.Conn) []string {
+		if u.s.isMariaDB(ctx, conn) {
+			return []string{mariaBegin}
+		}
+		return []string{"SET autocommit = 0", "SAVEPOINT " + savepoint}
+	},
+	claimFolded:     (*Store).claimMariaDB,
+	claimUnitNew:    (*Store).claimNewMariaDB,
+	completeFolded:  (*unit).completeMariaDB,
 	endedBy:         mysqlEndedBy,
 	intact:          intactSavepoint,
 	checkOnRollback: true,
@@ -130,24 +138,4 @@ func (s *Store) claimInMySQL(ctx context.Context, conn *sql.Conn, values map[str
 		return false, false, nil, err
 	}
 	return id == 1 || id == 2, id == 2, nil, nil
-}
-
-// isMariaDB reports whether the MySQL server is MariaDB, read once.
-func (s *Store) isMariaDB(ctx context.Context, conn *sql.Conn) bool {
-	switch s.single.mariaDB.Load() {
-	case 1:
-		return false
-	case 2:
-		return true
-	}
-	var version string
-	if err := conn.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
-		return false
-	}
-	v := int32(1)
-	if strings.Contains(strings.ToLower(version), "mariadb") {
-		v = 2
-	}
-	s.single.mariaDB.Store(v)
-	return v == 2
 }

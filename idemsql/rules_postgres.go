@@ -30,7 +30,7 @@ var postgresRules = rules{
 	// One round trip: without arguments the drivers send the string as a
 	// simple query, which may hold several statements. SET LOCAL marks
 	// the transaction: completeUnit matches only while the mark holds.
-	begin: func(u *unit) []string {
+	begin: func(u *unit, _ context.Context, _ *sql.Conn) []string {
 		u.mark = strconv.FormatInt(rand.Int64(), 10)
 		return []string{"BEGIN; SET LOCAL idem.unit = '" + u.mark + "'"}
 	},

@@ -19,7 +19,9 @@ var sqliteRules = rules{
 	// first could not take it later if another connection had written
 	// meanwhile (SQLITE_BUSY at once, whatever the busy timeout). Busy
 	// here means BEGIN IMMEDIATE did not begin: it may run again.
-	begin:        func(*unit) []string { return []string{"BEGIN IMMEDIATE", "SAVEPOINT " + savepoint} },
+	begin: func(*unit, context.Context, *sql.Conn) []string {
+		return []string{"BEGIN IMMEDIATE", "SAVEPOINT " + savepoint}
+	},
 	beginRetries: true,
 	endedBy:      sqliteEndedBy,
 	intact:       intactSavepoint,

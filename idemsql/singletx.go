@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -61,11 +60,6 @@ type singleMode struct {
 	// another key waits for the lock as any writer does.
 	mu   sync.Mutex
 	held map[lease]int
-
-	// mariaDB: MySQL only, whether the server is MariaDB, which bounds a
-	// statement's lock wait with SET STATEMENT (read once: 0 unknown, 1
-	// no, 2 yes).
-	mariaDB atomic.Int32
 }
 
 // hold marks (tenant, key) held by an execution of this Store and returns
@@ -125,6 +119,19 @@ func (s *Store) ClaimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 		return idem.ClaimResult{Record: rec}, nil, nil
 	}
 	deadline := time.Now().Add(wait)
+	if rec == nil && s.d.claimUnitNew != nil {
+		u, err := s.d.claimUnitNew(s, ctx, p, wait)
+		if err != nil {
+			if errors.Is(err, idem.ErrInFlight) {
+				return idem.ClaimResult{}, nil, err
+			}
+			// Nothing of a failed claim is committed.
+			return idem.ClaimResult{}, nil, idem.NotApplied(fmt.Errorf("idemsql: claim: %w", err))
+		}
+		if u != nil {
+			return idem.ClaimResult{Won: true}, u, nil
+		}
+	}
 	for attempt, vanished := 1, 0; vanished < claimAttempts; attempt++ {
 		u, rec, err := s.claimUnit(ctx, p, max(time.Until(deadline), 0))
 		if err != nil && s.d.retryable(err) && attempt < singleDeadlockAttempts && ctx.Err() == nil {

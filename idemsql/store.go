@@ -41,6 +41,10 @@ type Store struct {
 	// unknown, 1 no, 2 yes.
 	rollbackOnTimeout atomic.Int32
 
+	// MySQL only: whether the server is MariaDB, which runs compound
+	// statements (see mariadb.go), read once: 0 unknown, 1 no, 2 yes.
+	mariaDB atomic.Int32
+
 	// watch holds the subscriptions of Watch.
 	watch watchers
 

@@ -145,7 +145,7 @@ func (u *unit) begin(ctx context.Context) error {
 		s.unlockWrites()
 		return fmt.Errorf("idemsql: begin: %w", err)
 	}
-	for i, q := range s.d.begin(u) {
+	for i, q := range s.d.begin(u, ctx, conn) {
 		run := func() error {
 			_, err := conn.ExecContext(ctx, q)
 			return err
