@@ -178,17 +178,24 @@ func rollback(ctx context.Context, conn *sql.Conn) {
 // same fingerprint and no recovery points (an execution of a Store in the
 // default mode that died). A lost claim returns the record it read.
 func (s *Store) claimInSQLite(ctx context.Context, conn *sql.Conn, values map[string]any) (won, takeover bool, rec *idem.Record, err error) {
+	// The claim of a key without a record first: one statement, which
+	// inserts, or does nothing and returns no row when a record exists.
+	// ClaimUnit comes here once its read found no complete record, mostly
+	// for a key without any.
+	var token int64
+	err = conn.QueryRowContext(ctx, s.d.claim.text, s.d.claim.args(values)...).Scan(&token)
+	if err == nil {
+		return true, false, nil, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return false, false, nil, err
+	}
 	var expired, ended bool
 	row := conn.QueryRowContext(ctx, s.d.claimRead.text, s.d.claimRead.args(values)...)
 	rec, stored, err := scanRecord(s.d, row, &expired, &ended)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		var token int64
-		if err := conn.QueryRowContext(ctx, s.d.claim.text, s.d.claim.args(values)...).Scan(&token); err != nil {
-			return false, false, nil, err
-		}
-		return true, false, nil, nil
-	case err != nil:
+	if err != nil {
+		// No row: the INSERT met one, under the write lock this
+		// transaction holds, so it cannot have gone since.
 		return false, false, nil, err
 	}
 	if ended && !expired {

@@ -22,11 +22,10 @@ import (
 //   - The default mode's claim folds the peek in: the claim statement runs
 //     only when no complete record within its retention holds the key,
 //     then one read returns the record and the outcome. A replay is that
-//     round trip, which takes no lock (the check and the read are plain
-//     consistent reads); a fresh key is that round trip too, where it was
-//     a read and a claim. A lost claim returns its holder's record, a
-//     takeover its recovery points: no read follows. (No condition holds
-//     a subquery: MariaDB makes those locking reads.)
+//     round trip, which takes no lock (a plain consistent read); a fresh
+//     key is that round trip too, where it was a read and a claim. A lost
+//     claim returns its holder's record, a takeover its recovery points:
+//     no read follows.
 //   - The unit's transaction begins in one round trip (autocommit off,
 //     then the savepoint that marks it).
 //   - The completion releases the savepoint, completes the record, and
@@ -55,23 +54,21 @@ const mariaSignal = 1644
 const mariaInlineLimit = 64 << 10
 
 // mariaClaim is the default mode's claim on MariaDB, folded with the peek
-// (see above). outcome is -1 when a complete record within its retention
-// answered (the claim did not run), else the claim's last insert id: 0
-// lost, 1 won, 2 won by a takeover (see mysqlDialect.claim).
-//
-// The check is a SELECT … INTO, a plain consistent read: MariaDB makes a
-// subquery in a compound statement's condition (IF EXISTS (SELECT …)) a
-// locking read, which would wait for a transaction holding the row.
+// (see above): a complete record within its retention is returned at once,
+// in a first result set, with the outcome -1 (the claim did not run);
+// otherwise that set is empty, the claim runs, and a second result set
+// holds the record after it with the claim's last insert id: 0 lost, 1
+// won, 2 won by a takeover (see mysqlDialect.claim). A replay is one
+// plain consistent read. No condition holds a subquery: MariaDB makes a
+// subquery in a compound statement's IF a locking read, which would wait
+// for a transaction holding the row.
 var mariaClaim = compile(`BEGIN NOT ATOMIC
-  DECLARE replay INT DEFAULT 0;
-  DECLARE outcome BIGINT DEFAULT -1;
-  SELECT 1 INTO replay FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key
+  SELECT `+recordColumns+`, -1 FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key
       AND state = 'complete' AND expires_at > UTC_TIMESTAMP(6);
-  IF replay = 0 THEN
+  IF FOUND_ROWS() = 0 THEN
     `+mysqlClaimSQL+`;
-    SET outcome = LAST_INSERT_ID();
+    SELECT `+recordColumns+`, LAST_INSERT_ID() FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key;
   END IF;
-  SELECT `+recordColumns+`, outcome FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key;
 END`, positional)
 
 // mariaClaimNew is the single-transaction mode's claim of a key that the
@@ -150,8 +147,7 @@ func (s *Store) claimMariaDB(ctx context.Context, p idem.ClaimParams) (_ idem.Cl
 		var steps []byte
 		var outcome int64
 		err := s.retry(ctx, func() (err error) {
-			row := s.prepared(ctx, mariaClaim).QueryRowContext(ctx, args...)
-			rec, steps, err = scanRecord(s.d, row, &outcome)
+			rec, steps, outcome, err = s.runMariaClaim(ctx, args)
 			return err
 		})
 		if errors.Is(err, sql.ErrNoRows) {
@@ -185,6 +181,29 @@ func (s *Store) claimMariaDB(ctx context.Context, p idem.ClaimParams) (_ idem.Cl
 		return res, true, err
 	}
 	return idem.ClaimResult{}, true, fmt.Errorf("idemsql: claim: the record vanished %d times between claim and read", claimAttempts)
+}
+
+// runMariaClaim runs mariaClaim and reads the record from whichever of
+// its result sets holds it (sql.ErrNoRows: neither).
+func (s *Store) runMariaClaim(ctx context.Context, args []any) (rec *idem.Record, steps []byte, outcome int64, err error) {
+	rows, err := s.prepared(ctx, mariaClaim).QueryContext(ctx, args...)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	defer rows.Close()
+	for !rows.Next() {
+		// An error of the claim ends the statement here.
+		if !rows.NextResultSet() {
+			if err := rows.Err(); err != nil {
+				return nil, nil, 0, err
+			}
+			return nil, nil, 0, sql.ErrNoRows
+		}
+	}
+	if rec, steps, err = scanRecord(s.d, rows, &outcome); err != nil {
+		return nil, nil, 0, err
+	}
+	return rec, steps, outcome, rows.Close()
 }
 
 // claimValues are the named arguments of a claim.

@@ -3,6 +3,7 @@ package idemsql
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -18,13 +19,16 @@ var sqliteRules = rules{
 	// IMMEDIATE takes the write lock now: a deferred transaction that read
 	// first could not take it later if another connection had written
 	// meanwhile (SQLITE_BUSY at once, whatever the busy timeout). Busy
-	// here means BEGIN IMMEDIATE did not begin: it may run again.
+	// here means BEGIN IMMEDIATE did not begin, nor the SAVEPOINT after
+	// it (the driver runs the statements of one text in order, stopping
+	// at the first error): it may run again.
 	begin: func(*unit, context.Context, *sql.Conn) []string {
-		return []string{"BEGIN IMMEDIATE", "SAVEPOINT " + savepoint}
+		return []string{"BEGIN IMMEDIATE; SAVEPOINT " + savepoint}
 	},
-	beginRetries: true,
-	endedBy:      sqliteEndedBy,
-	intact:       intactSavepoint,
+	beginRetries:   true,
+	completeFolded: (*unit).completeSQLite,
+	endedBy:        sqliteEndedBy,
+	intact:         intactSavepoint,
 	// One round trip, on a path that is rolling back anyway.
 	checkOnRollback: true,
 	seal: sealSavepoint(func(_ *dialect, err error) bool {
@@ -66,4 +70,33 @@ func sqliteEndedBy(_ *unit, ctx context.Context, conn *sql.Conn, _ error) bool {
 		return true
 	}
 	return false
+}
+
+// completeSQLite is rules.completeFolded on SQLite: the savepoint's
+// release and the completion in one call (sqliteSealedComplete), then the
+// commit. It ends the transaction either way.
+func (u *unit) completeSQLite(ctx context.Context, p idem.CompleteParams) (done bool, _ error) {
+	args, err := completeArgs(sqliteSealedComplete, p, "")
+	if err != nil {
+		u.finish(ctx)
+		return true, err
+	}
+	u.disown()
+	res, err := u.conn.ExecContext(ctx, sqliteSealedComplete.text, args...)
+	if err != nil {
+		u.finish(ctx)
+		if sqliteCode(err) == sqliteError {
+			// RELEASE of a savepoint that is not there.
+			return true, &TxEndedError{Cause: fmt.Errorf("its savepoint is gone: %w", err)}
+		}
+		return true, fmt.Errorf("idemsql: complete: %w", err)
+	}
+	if err := fenced(res); err != nil {
+		u.finish(ctx)
+		return true, err
+	}
+	if err := u.commit(ctx); err != nil {
+		return true, fmt.Errorf("idemsql: commit: %w", err)
+	}
+	return true, nil
 }

@@ -247,7 +247,7 @@ func kinds(stmts []string) []string {
 		f := strings.Fields(s)
 		switch {
 		// MariaDB's compound statements (mariadb.go).
-		case strings.HasPrefix(s, "BEGIN NOT ATOMIC") && strings.Contains(s, "SELECT 1 INTO replay"):
+		case strings.HasPrefix(s, "BEGIN NOT ATOMIC") && strings.Contains(s, "FOUND_ROWS()"):
 			out[i] = "peek and claim"
 		case strings.HasPrefix(s, "BEGIN NOT ATOMIC") && strings.Contains(s, "INSERT INTO idem_keys"):
 			out[i] = "begin and claim"
@@ -255,6 +255,11 @@ func kinds(stmts []string) []string {
 			out[i] = "complete and commit"
 		case strings.HasPrefix(s, "BEGIN NOT ATOMIC SET autocommit = 0; SAVEPOINT"):
 			out[i] = "begin"
+		// SQLite's texts of two statements.
+		case strings.HasPrefix(s, "BEGIN IMMEDIATE; SAVEPOINT"):
+			out[i] = "begin"
+		case strings.HasPrefix(s, "RELEASE SAVEPOINT") && strings.Contains(s, "UPDATE idem_keys SET state = 'complete'"):
+			out[i] = "release and complete"
 		case strings.HasPrefix(s, "INSERT INTO idem_keys"), strings.HasPrefix(s, "WITH prev AS"):
 			out[i] = "claim"
 		case strings.HasPrefix(s, "SELECT tenant_id") && strings.Contains(s, "state = 'complete' AND expires_at >"):

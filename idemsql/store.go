@@ -163,6 +163,7 @@ func (s *Store) prepared(ctx context.Context, q query) preparedStmt {
 // preparedStmt is a *sql.Stmt, or a query run as is (unprepared).
 type preparedStmt interface {
 	ExecContext(ctx context.Context, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, args ...any) (*sql.Rows, error)
 	QueryRowContext(ctx context.Context, args ...any) *sql.Row
 }
 
@@ -173,6 +174,10 @@ type unprepared struct {
 
 func (u unprepared) ExecContext(ctx context.Context, args ...any) (sql.Result, error) {
 	return u.db.ExecContext(ctx, u.text, args...)
+}
+
+func (u unprepared) QueryContext(ctx context.Context, args ...any) (*sql.Rows, error) {
+	return u.db.QueryContext(ctx, u.text, args...)
 }
 
 func (u unprepared) QueryRowContext(ctx context.Context, args ...any) *sql.Row {

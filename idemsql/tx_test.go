@@ -115,8 +115,7 @@ func TestTransactionBeginsAtFirstStatement(t *testing.T) {
 		close(proceed)
 		<-done
 		want := map[idemsql.Dialect][]string{
-			idemsql.SQLite: {"BEGIN IMMEDIATE", "SAVEPOINT idem_unit", "INSERT INTO business",
-				"RELEASE SAVEPOINT idem_unit", "complete", "COMMIT"},
+			idemsql.SQLite: {"begin", "INSERT INTO business", "release and complete", "COMMIT"},
 			idemmysql.Dialect: {"SET autocommit =", "SAVEPOINT idem_unit", "INSERT INTO business",
 				"RELEASE SAVEPOINT idem_unit", "complete", "SET autocommit ="},
 			idemsql.Postgres: {"BEGIN; SET LOCAL", "INSERT INTO business", "complete", "COMMIT"},
