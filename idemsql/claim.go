@@ -176,3 +176,15 @@ func (s *Store) claimStatement(ctx context.Context, _ idem.ClaimParams, args []a
 	id, err := res.LastInsertId()
 	return claimOutcome{won: id == 1 || id == 2, takeover: id == 2, stepsKnown: id != 2}, err
 }
+
+// claimValues are the named arguments of a claim.
+func claimValues(p idem.ClaimParams) map[string]any {
+	return map[string]any{
+		"tenant":      p.Tenant,
+		"key":         p.Key,
+		"fingerprint": nullBytes(p.Fingerprint),
+		"token":       p.Token,
+		"lease":       p.Lease.Microseconds(),
+		"retention":   p.Retention.Microseconds(),
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/idem-go/idem"
 )
@@ -216,4 +217,31 @@ func (s *Store) claimInSQLite(ctx context.Context, conn *sql.Conn, values map[st
 		return false, false, nil, fmt.Errorf("idemsql: claim: replaced %d records under the write lock, want 1 (%v)", n, err)
 	}
 	return true, !expired, nil, nil
+}
+
+// claimNewSQLite is rules.claimUnitNew on SQLite: the single-transaction
+// mode's BEGIN IMMEDIATE, savepoint and claim of a key without a record
+// (the INSERT that does nothing when a record exists) in one call. It
+// returns nil, without error, when a record exists: the claim then goes
+// the general way (a duplicate that waited for the lock mostly, which
+// finds the holder's record complete).
+func (s *Store) claimNewSQLite(ctx context.Context, p idem.ClaimParams, wait time.Duration) (*singleUnit, error) {
+	u := newUnit(s)
+	beginCtx, cancel := s.duplicateWait(ctx, p, wait)
+	defer cancel()
+	u.mu.Lock()
+	res, err := u.beginThen(beginCtx, &s.d.claim, claimValues(p))
+	u.mu.Unlock()
+	if err != nil {
+		if beginCtx != ctx && ctx.Err() == nil && beginCtx.Err() != nil {
+			return nil, fmt.Errorf("idemsql: %w (waited %s for its transaction)", idem.ErrInFlight, wait)
+		}
+		return nil, err
+	}
+	// The INSERT is the text's last statement: its changes are reported.
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		_ = u.Rollback(ctx)
+		return nil, err
+	}
+	return &singleUnit{u: u, params: p, unhold: s.single.hold(p.Tenant, p.Key)}, nil
 }

@@ -206,18 +206,6 @@ func (s *Store) runMariaClaim(ctx context.Context, args []any) (rec *idem.Record
 	return rec, steps, outcome, rows.Close()
 }
 
-// claimValues are the named arguments of a claim.
-func claimValues(p idem.ClaimParams) map[string]any {
-	return map[string]any{
-		"tenant":      p.Tenant,
-		"key":         p.Key,
-		"fingerprint": nullBytes(p.Fingerprint),
-		"token":       p.Token,
-		"lease":       p.Lease.Microseconds(),
-		"retention":   p.Retention.Microseconds(),
-	}
-}
-
 // claimNewMariaDB is rules.claimUnitNew on MySQL: on MariaDB, the
 // transaction and the claim of a key without a record in one round trip
 // (mariaClaimNew). It returns nil, without error, when the claim must go

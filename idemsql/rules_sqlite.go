@@ -11,8 +11,9 @@ import (
 
 // sqliteRules is how SQLite runs what differs: a single writer at a time.
 var sqliteRules = rules{
-	oneWriter: true,
-	claimOnce: (*Store).claimSQLite,
+	oneWriter:    true,
+	claimOnce:    (*Store).claimSQLite,
+	claimUnitNew: (*Store).claimNewSQLite,
 	claimIn: func(s *Store, ctx context.Context, conn *sql.Conn, values map[string]any, _ time.Duration) (bool, bool, *idem.Record, error) {
 		return s.claimInSQLite(ctx, conn, values)
 	},

@@ -179,14 +179,8 @@ func (s *Store) ClaimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 // it (SQLite), or neither (then the caller reads it).
 func (s *Store) claimUnit(ctx context.Context, p idem.ClaimParams, wait time.Duration) (*singleUnit, *idem.Record, error) {
 	u := newUnit(s)
-	beginCtx := ctx
-	if s.d.oneWriter && s.single.isHeld(p.Tenant, p.Key) {
-		// A duplicate of an execution of this Store: the write lock it
-		// waits for is the holder's, so the wait limit bounds the wait.
-		var cancel context.CancelFunc
-		beginCtx, cancel = context.WithTimeout(ctx, max(wait, time.Millisecond))
-		defer cancel()
-	}
+	beginCtx, cancel := s.duplicateWait(ctx, p, wait)
+	defer cancel()
 	u.mu.Lock()
 	err := u.begin(beginCtx)
 	u.mu.Unlock()
@@ -206,6 +200,17 @@ func (s *Store) claimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 		su.unhold = s.single.hold(p.Tenant, p.Key)
 	}
 	return su, nil, nil
+}
+
+// duplicateWait returns the context of the beginning of a claim's
+// transaction: on SQLite, for a duplicate of an execution of this Store,
+// the write lock it waits for is the holder's, so the wait limit bounds
+// the wait; otherwise ctx.
+func (s *Store) duplicateWait(ctx context.Context, p idem.ClaimParams, wait time.Duration) (context.Context, context.CancelFunc) {
+	if s.d.oneWriter && s.single.isHeld(p.Tenant, p.Key) {
+		return context.WithTimeout(ctx, max(wait, time.Millisecond))
+	}
+	return ctx, func() {}
 }
 
 // claimIn runs the claim on conn, in its open transaction

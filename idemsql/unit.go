@@ -136,18 +136,34 @@ func (u *unit) use(ctx context.Context) (*sql.Conn, error) {
 // begin takes a connection and begins the transaction on it. It runs with
 // u.mu held.
 func (u *unit) begin(ctx context.Context) error {
+	_, err := u.beginThen(ctx, nil, nil)
+	return err
+}
+
+// beginThen is begin, and when then is not nil, runs then (with the named
+// values) in the call that sends the last of the dialect's beginning
+// statements, returning its result: one call where the driver runs the
+// statements of one text in order, stopping at the first error (SQLite).
+func (u *unit) beginThen(ctx context.Context, then *query, values map[string]any) (sql.Result, error) {
 	s := u.s
 	if err := s.lockWrites(ctx); err != nil {
-		return fmt.Errorf("idemsql: begin: %w", err)
+		return nil, fmt.Errorf("idemsql: begin: %w", err)
 	}
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		s.unlockWrites()
-		return fmt.Errorf("idemsql: begin: %w", err)
+		return nil, fmt.Errorf("idemsql: begin: %w", err)
 	}
-	for i, q := range s.d.begin(u, ctx, conn) {
-		run := func() error {
-			_, err := conn.ExecContext(ctx, q)
+	stmts := s.d.begin(u, ctx, conn)
+	var res sql.Result
+	for i, q := range stmts {
+		var args []any
+		if then != nil && i == len(stmts)-1 {
+			q += "; " + then.text
+			args = then.args(values)
+		}
+		run := func() (err error) {
+			res, err = conn.ExecContext(ctx, q, args...)
 			return err
 		}
 		var err error
@@ -160,7 +176,7 @@ func (u *unit) begin(ctx context.Context) error {
 			// What the session holds now is unknown: never pool it.
 			discard(conn)
 			s.unlockWrites()
-			return fmt.Errorf("idemsql: begin: %w", err)
+			return nil, fmt.Errorf("idemsql: begin: %w", err)
 		}
 	}
 	u.conn = conn
@@ -173,7 +189,7 @@ func (u *unit) begin(ctx context.Context) error {
 			s.writes.own(u.lease)
 		}
 	}
-	return nil
+	return res, nil
 }
 
 // failed looks at the error of one of the handler's statements and tells
