@@ -227,12 +227,13 @@ func (s *Store) claimInSQLite(ctx context.Context, conn *sql.Conn, values map[st
 // finds the holder's record complete).
 func (s *Store) claimNewSQLite(ctx context.Context, p idem.ClaimParams, wait time.Duration) (*singleUnit, error) {
 	u := newUnit(s)
-	beginCtx, cancel := s.duplicateWait(ctx, p, wait)
+	beginCtx, cancel, unhold := s.duplicateWait(ctx, p, wait)
 	defer cancel()
 	u.mu.Lock()
 	res, err := u.beginThen(beginCtx, &s.d.claim, claimValues(p))
 	u.mu.Unlock()
 	if err != nil {
+		unhold()
 		if beginCtx != ctx && ctx.Err() == nil && beginCtx.Err() != nil {
 			return nil, fmt.Errorf("idemsql: %w (waited %s for its transaction)", idem.ErrInFlight, wait)
 		}
@@ -241,7 +242,8 @@ func (s *Store) claimNewSQLite(ctx context.Context, p idem.ClaimParams, wait tim
 	// The INSERT is the text's last statement: its changes are reported.
 	if n, err := res.RowsAffected(); err != nil || n != 1 {
 		_ = u.Rollback(ctx)
+		unhold()
 		return nil, err
 	}
-	return &singleUnit{u: u, params: p, unhold: s.single.hold(p.Tenant, p.Key)}, nil
+	return &singleUnit{u: u, params: p, unhold: unhold}, nil
 }

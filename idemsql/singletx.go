@@ -54,26 +54,31 @@ func SingleTransaction() Option {
 
 // singleMode is the state of a Store in the single-transaction mode.
 type singleMode struct {
-	// held counts, on SQLite, this Store's executions that hold a key, by
-	// tenant and key: a claim of a held key is a duplicate, whose wait for
-	// the write lock is bounded by its wait limit, while a claim of
-	// another key waits for the lock as any writer does.
+	// held counts, on SQLite, this Store's claims and executions of a key,
+	// by tenant and key, from the moment a claim begins: a claim of a key
+	// another claim or execution holds is a duplicate, whose wait for the
+	// write lock is bounded by its wait limit, while a claim of another
+	// key waits for the lock as any writer does. Counted from the claim's
+	// beginning, not from its win: duplicates sent at once all queue for
+	// the lock before the first wins it.
 	mu   sync.Mutex
 	held map[lease]int
 }
 
-// hold marks (tenant, key) held by an execution of this Store and returns
-// what unmarks it.
-func (m *singleMode) hold(tenant, key string) func() {
+// hold marks (tenant, key) held by a claim of this Store, reports whether
+// another claim or execution held it already, and returns what unmarks
+// it.
+func (m *singleMode) hold(tenant, key string) (others bool, unhold func()) {
 	k := lease{tenant: tenant, key: key}
 	m.mu.Lock()
 	if m.held == nil {
 		m.held = make(map[lease]int)
 	}
+	others = m.held[k] > 0
 	m.held[k]++
 	m.mu.Unlock()
 	var once sync.Once
-	return func() {
+	return others, func() {
 		once.Do(func() {
 			m.mu.Lock()
 			if m.held[k]--; m.held[k] <= 0 {
@@ -82,12 +87,6 @@ func (m *singleMode) hold(tenant, key string) func() {
 			m.mu.Unlock()
 		})
 	}
-}
-
-func (m *singleMode) isHeld(tenant, key string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.held[lease{tenant: tenant, key: key}] > 0
 }
 
 // singleDeadlockAttempts bounds the claims of one ClaimUnit that end in a
@@ -179,8 +178,14 @@ func (s *Store) ClaimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 // it (SQLite), or neither (then the caller reads it).
 func (s *Store) claimUnit(ctx context.Context, p idem.ClaimParams, wait time.Duration) (*singleUnit, *idem.Record, error) {
 	u := newUnit(s)
-	beginCtx, cancel := s.duplicateWait(ctx, p, wait)
+	beginCtx, cancel, unhold := s.duplicateWait(ctx, p, wait)
 	defer cancel()
+	won := false
+	defer func() {
+		if !won {
+			unhold()
+		}
+	}()
 	u.mu.Lock()
 	err := u.begin(beginCtx)
 	u.mu.Unlock()
@@ -195,22 +200,26 @@ func (s *Store) claimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 		_ = u.Rollback(ctx)
 		return nil, rec, err
 	}
-	su := &singleUnit{u: u, params: p, takeover: takeover}
-	if s.d.oneWriter {
-		su.unhold = s.single.hold(p.Tenant, p.Key)
-	}
-	return su, nil, nil
+	won = true
+	return &singleUnit{u: u, params: p, takeover: takeover, unhold: unhold}, nil, nil
 }
 
 // duplicateWait returns the context of the beginning of a claim's
-// transaction: on SQLite, for a duplicate of an execution of this Store,
-// the write lock it waits for is the holder's, so the wait limit bounds
-// the wait; otherwise ctx.
-func (s *Store) duplicateWait(ctx context.Context, p idem.ClaimParams, wait time.Duration) (context.Context, context.CancelFunc) {
-	if s.d.oneWriter && s.single.isHeld(p.Tenant, p.Key) {
-		return context.WithTimeout(ctx, max(wait, time.Millisecond))
+// transaction, and what ends the claim's hold on the key (see
+// singleMode.held), which the claim keeps when it wins: on SQLite, for a
+// duplicate of a claim or execution of this Store, the write lock it
+// waits for is the holder's, so the wait limit bounds the wait; otherwise
+// ctx.
+func (s *Store) duplicateWait(ctx context.Context, p idem.ClaimParams, wait time.Duration) (context.Context, context.CancelFunc, func()) {
+	if !s.d.oneWriter {
+		return ctx, func() {}, func() {}
 	}
-	return ctx, func() {}
+	others, unhold := s.single.hold(p.Tenant, p.Key)
+	if others {
+		ctx, cancel := context.WithTimeout(ctx, max(wait, time.Millisecond))
+		return ctx, cancel, unhold
+	}
+	return ctx, func() {}, unhold
 }
 
 // claimIn runs the claim on conn, in its open transaction
