@@ -66,16 +66,6 @@ func (d Dialect) MigrateDialect() idemmigrate.Dialect {
 // String returns Name.
 func (d Dialect) String() string { return d.Name() }
 
-// dialectKind says how a dialect runs the handler's transaction (see
-// unit.go): the statements differ, and so does what can end it.
-type dialectKind int
-
-const (
-	kindSQLite dialectKind = iota
-	kindMySQL
-	kindPostgres
-)
-
 // dialect holds one dialect's statements, compiled once. Every statement
 // takes its arguments by name (see query):
 //
@@ -95,8 +85,17 @@ const (
 //	purge         limit
 type dialect struct {
 	name    string
-	kind    dialectKind
 	migrate idemmigrate.Dialect
+
+	// storeName is the name Store.Info reports.
+	storeName string
+	// placeholders is how the dialect spells parameters.
+	placeholders placeholderStyle
+
+	// rules is what the dialect does differently beyond its statements:
+	// how the handler's transaction begins, ends and is found ended, and
+	// how a claim runs (see rules).
+	rules
 
 	// claim is the one claiming statement. With claimReturns it returns a
 	// row when it won (INSERT … ON CONFLICT … RETURNING lease_token,
@@ -105,7 +104,7 @@ type dialect struct {
 	// won, 2 when it won over an in-flight record (a takeover), and 0 when
 	// it lost (MySQL), and a takeover's steps from stepsOf.
 	//
-	// SQLite claims differently (see sqlite.go): claim inserts a new
+	// SQLite claims differently (see claim_sqlite.go): claim inserts a new
 	// record or does nothing, and a key that has a record is claimed in a
 	// transaction that holds the write lock.
 	claim        query
@@ -191,6 +190,10 @@ const (
 	// MySQL: ER_LOCK_WAIT_TIMEOUT. InnoDB rolled back the statement, or
 	// the whole transaction when innodb_rollback_on_timeout is on.
 	mysqlLockWaitTimeout = 1205
+	// MySQL: ER_DUP_ENTRY, a unique key met.
+	mysqlDuplicate = 1062
+	// MySQL: ER_UNSUPPORTED_PS, a statement the server cannot prepare.
+	mysqlUnsupportedPS = 1295
 	// MySQL: ER_LOCK_TABLE_FULL. InnoDB rolled the whole transaction back.
 	mysqlLockTableFull = 1206
 	// MySQL: ER_SP_DOES_NOT_EXIST, which RELEASE SAVEPOINT answers for a
@@ -240,26 +243,11 @@ func (d *dialect) number(err error) (uint16, bool) {
 
 // retryable reports an error after which a statement of the store's own
 // (a claim, an extension, a release, a purge, a completion alone) did
-// nothing and may simply run again: an InnoDB deadlock rolled back the
-// statement's whole transaction, or SQLite could not take its lock.
+// nothing and may simply run again (rules.retryable).
 func (d *dialect) retryable(err error) bool {
-	switch d.kind {
-	case kindMySQL:
-		n, ok := d.number(err)
-		return ok && n == mysqlDeadlock
-	case kindSQLite:
-		return sqliteCode(err) == sqliteBusy
-	}
-	return false
+	return d.rules.retryable != nil && d.rules.retryable(d, err)
 }
 
 // retryAttempts bounds the runs of a statement that keeps failing with a
-// retryable error: InnoDB may choose the same victim again; SQLite answers
-// busy only once its busy timeout has run out, or without waiting while
-// another connection recovers the WAL, and each run waits that long again.
-func (d *dialect) retryAttempts() int {
-	if d.kind == kindSQLite {
-		return 3
-	}
-	return 5
-}
+// retryable error (rules.attempts).
+func (d *dialect) retryAttempts() int { return d.attempts }

@@ -30,11 +30,37 @@ const mysqlTakeover = `(` + mysqlExpired + ` OR ` + mysqlEnded + `)`
 // way every assignment sees the same decision.
 const mysqlWon = `(lease_token = @token OR ` + mysqlTakeover + `)`
 
+// mysqlClaimSQL is the claim statement (see mysqlDialect.claim), kept as
+// source so that MariaDB's folded claims (mariadb.go) embed it.
+const mysqlClaimSQL = `INSERT INTO idem_keys (tenant_id, idem_key, fingerprint, state, lease_token,
+    locked_until, storage_mode, created_at, expires_at)
+VALUES (@tenant, @key, @fingerprint, IF(LAST_INSERT_ID(1), 'in_flight', 'in_flight'), @token,
+    UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND, 0, UTC_TIMESTAMP(6),
+    UTC_TIMESTAMP(6) + INTERVAL @retention MICROSECOND)
+ON DUPLICATE KEY UPDATE
+    lease_token      = IF(` + mysqlExpired + `, IF(LAST_INSERT_ID(1), @token, @token),
+                       IF(` + mysqlEnded + `, IF(LAST_INSERT_ID(2), @token, @token),
+                       IF(LAST_INSERT_ID(0), lease_token, lease_token))),
+    steps            = IF(` + mysqlExpired + `, NULL, steps),
+    fingerprint      = IF(` + mysqlWon + `, @fingerprint, fingerprint),
+    state            = IF(` + mysqlWon + `, 'in_flight', state),
+    locked_until     = IF(` + mysqlWon + `, UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND, locked_until),
+    storage_mode     = IF(` + mysqlWon + `, 0, storage_mode),
+    status_code      = IF(` + mysqlWon + `, NULL, status_code),
+    response_headers = IF(` + mysqlWon + `, NULL, response_headers),
+    response_body    = IF(` + mysqlWon + `, NULL, response_body),
+    resource_ref     = IF(` + mysqlWon + `, NULL, resource_ref),
+    created_at       = IF(` + mysqlWon + `, UTC_TIMESTAMP(6), created_at),
+    completed_at     = IF(` + mysqlWon + `, NULL, completed_at),
+    expires_at       = IF(` + mysqlWon + `, UTC_TIMESTAMP(6) + INTERVAL @retention MICROSECOND, expires_at)`
+
 // mysqlDialect lacks errorNumber: MySQLDialect copies it with one.
 var mysqlDialect = &dialect{
-	name:    "mysql",
-	kind:    kindMySQL,
-	migrate: idemmigrate.MySQL,
+	name:         "mysql",
+	storeName:    "mysql",
+	placeholders: positional,
+	rules:        mysqlRules,
+	migrate:      idemmigrate.MySQL,
 
 	// The statement's last insert id tells the outcome, whatever the
 	// rows affected say: LAST_INSERT_ID(x) makes the server report x as
@@ -52,27 +78,7 @@ var mysqlDialect = &dialect{
 	//
 	// The session's LAST_INSERT_ID() is left at 0, 1 or 2: harmless, since
 	// a program reads it on the connection of its own insert, right after.
-	claim: compile(`INSERT INTO idem_keys (tenant_id, idem_key, fingerprint, state, lease_token,
-    locked_until, storage_mode, created_at, expires_at)
-VALUES (@tenant, @key, @fingerprint, IF(LAST_INSERT_ID(1), 'in_flight', 'in_flight'), @token,
-    UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND, 0, UTC_TIMESTAMP(6),
-    UTC_TIMESTAMP(6) + INTERVAL @retention MICROSECOND)
-ON DUPLICATE KEY UPDATE
-    lease_token      = IF(`+mysqlExpired+`, IF(LAST_INSERT_ID(1), @token, @token),
-                       IF(`+mysqlEnded+`, IF(LAST_INSERT_ID(2), @token, @token),
-                       IF(LAST_INSERT_ID(0), lease_token, lease_token))),
-    steps            = IF(`+mysqlExpired+`, NULL, steps),
-    fingerprint      = IF(`+mysqlWon+`, @fingerprint, fingerprint),
-    state            = IF(`+mysqlWon+`, 'in_flight', state),
-    locked_until     = IF(`+mysqlWon+`, UTC_TIMESTAMP(6) + INTERVAL @lease MICROSECOND, locked_until),
-    storage_mode     = IF(`+mysqlWon+`, 0, storage_mode),
-    status_code      = IF(`+mysqlWon+`, NULL, status_code),
-    response_headers = IF(`+mysqlWon+`, NULL, response_headers),
-    response_body    = IF(`+mysqlWon+`, NULL, response_body),
-    resource_ref     = IF(`+mysqlWon+`, NULL, resource_ref),
-    created_at       = IF(`+mysqlWon+`, UTC_TIMESTAMP(6), created_at),
-    completed_at     = IF(`+mysqlWon+`, NULL, completed_at),
-    expires_at       = IF(`+mysqlWon+`, UTC_TIMESTAMP(6) + INTERVAL @retention MICROSECOND, expires_at)`, positional),
+	claim: compile(mysqlClaimSQL, positional),
 
 	// Read after a takeover, which holds the key under @token: no other
 	// execution can change the steps until the lease ends.

@@ -6,9 +6,11 @@ import "github.com/idem-go/idem/idemmigrate"
 const postgresMicros = `::bigint * interval '1 microsecond'`
 
 var postgresDialect = &dialect{
-	name:    "postgres",
-	kind:    kindPostgres,
-	migrate: idemmigrate.Postgres,
+	name:         "postgres",
+	storeName:    "postgresql",
+	placeholders: numbered,
+	rules:        postgresRules,
+	migrate:      idemmigrate.Postgres,
 
 	// One statement decides: it inserts a new record, or replaces one
 	// past its retention (whatever its fingerprint) or one in flight

@@ -8,10 +8,27 @@ import "github.com/idem-go/idem/idemmigrate"
 // zone, unlike SQLite's text dates.
 const sqliteNow = `CAST(round(unixepoch('subsec') * 1000000) AS INTEGER)`
 
+// sqliteCompleteSQL is the completion (see sqliteDialect.complete), kept
+// as source so that the unit's completion (sqliteSealedComplete) embeds
+// it.
+const sqliteCompleteSQL = `UPDATE idem_keys SET state = 'complete', storage_mode = @mode,
+    status_code = @status, response_headers = @headers, response_body = @body,
+    resource_ref = @ref, completed_at = ` + sqliteNow + `
+WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`
+
+// sqliteSealedComplete is the completion in the unit's transaction: the
+// release of the savepoint that marks it (which fails when SQLite ended
+// the transaction: see sealSavepoint) and the completion, in one call;
+// the driver runs the statements of the text in order, stopping at the
+// first error, and reports the changes of the last.
+var sqliteSealedComplete = compile(`RELEASE SAVEPOINT `+savepoint+`; `+sqliteCompleteSQL, numbered)
+
 var sqliteDialect = &dialect{
-	name:    "sqlite",
-	kind:    kindSQLite,
-	migrate: idemmigrate.SQLite,
+	name:         "sqlite",
+	storeName:    "sqlite",
+	placeholders: numbered,
+	rules:        sqliteRules,
+	migrate:      idemmigrate.SQLite,
 
 	// A claim of a key without a record is this one statement, which
 	// inserts or, when a record exists, does nothing and returns no row.
@@ -49,10 +66,7 @@ FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
 	get:   compile(`SELECT `+recordColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
 	state: compile(`SELECT `+stateColumns+` FROM idem_keys WHERE tenant_id = @tenant AND idem_key = @key`, numbered),
 
-	complete: compile(`UPDATE idem_keys SET state = 'complete', storage_mode = @mode,
-    status_code = @status, response_headers = @headers, response_body = @body,
-    resource_ref = @ref, completed_at = `+sqliteNow+`
-WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'in_flight'`, numbered),
+	complete: compile(sqliteCompleteSQL, numbered),
 
 	extend: compile(`UPDATE idem_keys SET locked_until = `+sqliteNow+` + @lease,
     expires_at = max(expires_at, `+sqliteNow+` + @lease)

@@ -85,7 +85,11 @@
 // A claim begins with a read of the record. The replay of a complete
 // record costs that one read and nothing more: it takes no lock and waits
 // for none, not even for SQLite's write lock held by another execution. A
-// first execution costs the read, the claim and the completion.
+// first execution costs the read, the claim and the completion. On
+// MariaDB the read and the claim are one compound statement, and so are
+// the completion and its commit: a first execution costs three round
+// trips of idem's (the claim, the transaction's beginning, the
+// completion) beside the handler's statements, a replay one.
 //
 // On SQLite in WAL mode (idemsqlite.Open's), the claim of a new key
 // commits without waiting for the disk (synchronous = NORMAL for that
@@ -122,6 +126,67 @@
 // any deleted row, their bytes may stay in the WAL file until the next
 // checkpoint and in free pages of the database file until they are reused
 // or VACUUM runs, unless PRAGMA secure_delete is on.
+//
+// # Single-transaction mode
+//
+// With the SingleTransaction option (idem serve --single-transaction),
+// nothing is committed before the handler runs: the claim is the first
+// statement of the handler's own transaction, so the key's record is
+// written, in flight, by that transaction, and commits complete with the
+// handler's writes and the answer, in one commit per request, or not at
+// all. The transaction's hold on the record is the lease:
+//
+//   - MySQL and MariaDB: the claim's row, inserted and not yet committed,
+//     is locked by InnoDB until the transaction ends. On MariaDB the claim
+//     of a key without a record and the transaction's beginning are one
+//     round trip, and the completion and the commit another.
+//   - PostgreSQL: the same, on the row the claim inserted.
+//   - SQLite: the transaction holds the database's only write lock from
+//     BEGIN IMMEDIATE to its end, so one execution of the Store runs at a
+//     time, and the claim is its first statement.
+//
+// Set it up with the option, and give duplicates a wait:
+//
+//	store, _ := idemsql.NewStore(db, idemmysql.Dialect, idemsql.SingleTransaction())
+//	engine, _ := idem.NewEngine(store, nil)
+//	mw, _ := idemhttp.NewMiddleware(engine, &idemhttp.Config{WaitInFlight: 5 * time.Second, …})
+//
+// A replay is one read, as in the default mode. A duplicate that comes
+// while the first execution runs waits for that transaction, at most its
+// operation's WaitInFlight (idemhttp's Config.WaitInFlight): the claim's
+// wait on the row is bounded by innodb_lock_wait_timeout for that
+// statement on MariaDB (whole seconds, rounded up), by its context on
+// MySQL, by lock_timeout on PostgreSQL, and on SQLite by the wait for the
+// write lock when the holder is an execution of the same Store (the busy
+// timeout otherwise). When the holder commits, the duplicate replays its
+// answer; when it rolls back, or its process dies and the database rolls
+// its transaction back, the duplicate claims the key and runs. Past the
+// wait, or at once without one, it gets idem.ErrInFlight (HTTP 409 with
+// Retry-After). What the mode gives up:
+//
+//   - an execution in flight is invisible until it commits: Get, Watch,
+//     idem inspect and the console see a key only once it is complete
+//     (or not at all, if it rolls back), and there is nothing in flight
+//     to release by hand;
+//   - recovery points: idem.Step fails with idem.ErrStepsSingleTransaction
+//     before its function runs, since a step's record would roll back with
+//     the crash it is for; keep handlers with steps in the default mode;
+//   - the execution holds a connection (on SQLite, the write lock) from
+//     its claim to its end, even while the handler calls another service,
+//     and a waiting duplicate holds one while it waits: size the pool for
+//     the executions and the waiters together;
+//   - after a crash, the retry runs at once rather than after a lease: a
+//     call the handler made to another service before the crash is made
+//     again.
+//
+// An answer stored without the writes (Tx.Rollback, idem.RollbackWrites,
+// an answer over an aborted transaction) is stored by a second
+// transaction that claims the key again under the same token; if another
+// execution claimed it in between, nothing of this one is stored
+// (idem.ErrLeaseLost). Store.Claim and Store.Begin, called directly, keep
+// the default mode's behaviour (a committed in-flight record under a
+// lease), which the mode's claims respect. docs/BENCHMARKS.md measures the
+// mode against the bare handler.
 //
 // # Design
 //

@@ -242,3 +242,47 @@ func remove(ws []*gateWaiter, w *gateWaiter) []*gateWaiter {
 	}
 	return ws
 }
+
+// lockWrites waits for this Store's turn to write, on SQLite; elsewhere
+// it does nothing.
+func (s *Store) lockWrites(ctx context.Context) error {
+	if s.writes == nil {
+		return nil
+	}
+	return s.writes.acquire(ctx, s.writeLimit(ctx))
+}
+
+// unlockWrites ends the turn lockWrites gave.
+func (s *Store) unlockWrites() {
+	if s.writes != nil {
+		s.writes.release()
+	}
+}
+
+// defaultBusyLimit bounds a writer's wait for the write lock when the
+// database's busy timeout cannot be read.
+const defaultBusyLimit = 10 * time.Second
+
+// writeLimit is how long a writer waits for its turn while the lock does
+// not change hands: as long as SQLite would let it wait for the lock
+// itself (the connections' busy timeout). A queue that moves is waited
+// out, as database/sql's pool queue would be; a writer that can never get
+// the lock (a handler that claims another key of the same Store inside
+// its own transaction) fails as it would without the queue, rather than
+// waiting for ever.
+func (s *Store) writeLimit(ctx context.Context) time.Duration {
+	if ms := s.busyLimit.Load(); ms != 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+	var ms int64
+	if err := s.db.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&ms); err != nil {
+		return defaultBusyLimit
+	}
+	if ms <= 0 {
+		// No busy timeout: SQLite fails at once on a held lock; the
+		// queue still waits, for the default.
+		ms = defaultBusyLimit.Milliseconds()
+	}
+	s.busyLimit.Store(ms)
+	return time.Duration(ms) * time.Millisecond
+}

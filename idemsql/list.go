@@ -30,25 +30,13 @@ var statusConditions = map[idem.KeyStatus]string{
 }
 
 // style is how the dialect spells parameters.
-func (d *dialect) style() placeholderStyle {
-	if d.kind == kindMySQL {
-		return positional
-	}
-	return numbered
-}
+func (d *dialect) style() placeholderStyle { return d.placeholders }
 
 // clock reads the database's clock: the one every stored time is written
 // by.
 func (s *Store) clock(ctx context.Context) (time.Time, error) {
-	q := `SELECT now()`
-	switch s.d.kind {
-	case kindSQLite:
-		q = `SELECT ` + sqliteNow
-	case kindMySQL:
-		q = `SELECT UTC_TIMESTAMP(6)`
-	}
 	t := dbTime{utcWall: s.d.utcWall}
-	if err := s.db.QueryRowContext(ctx, q).Scan(&t); err != nil {
+	if err := s.db.QueryRowContext(ctx, s.d.clockSQL).Scan(&t); err != nil {
 		return time.Time{}, err
 	}
 	return t.t, nil
@@ -56,27 +44,11 @@ func (s *Store) clock(ctx context.Context) (time.Time, error) {
 
 // timeArg is t as the dialect stores times: integer Unix microseconds
 // (SQLite), a DATETIME(6) text in UTC (MySQL), a timestamptz (PostgreSQL).
-func (d *dialect) timeArg(t time.Time) any {
-	switch d.kind {
-	case kindSQLite:
-		return t.UnixMicro()
-	case kindMySQL:
-		return t.UTC().Format("2006-01-02 15:04:05.000000")
-	}
-	return t.UTC()
-}
+func (d *dialect) timeArg(t time.Time) any { return d.timeValue(t) }
 
 // hourOf is the hours since the Unix epoch of a time column, without a
 // time zone in the way.
-func (d *dialect) hourOf(col string) string {
-	switch d.kind {
-	case kindSQLite:
-		return col + ` / 3600000000`
-	case kindMySQL:
-		return `TIMESTAMPDIFF(HOUR, '1970-01-01 00:00:00', ` + col + `)`
-	}
-	return `floor(extract(epoch FROM ` + col + `) / 3600)::bigint`
-}
+func (d *dialect) hourOf(col string) string { return d.hourSQL(col) }
 
 // ListKeys implements idem.KeyLister. Every page is one statement that
 // walks idem_keys_tenant_created_idx from the cursor and stops after
@@ -109,8 +81,8 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, 
 		// substr, not LIKE: SQLite's LIKE ignores case, and a prefix
 		// holding % or _ would need escaping.
 		n := utf8.RuneCountInString(p.Prefix)
-		if s.d.kind == kindMySQL {
-			n = len(p.Prefix) // VARBINARY counts bytes
+		if s.d.prefixBytes {
+			n = len(p.Prefix)
 		}
 		where = append(where, `substr(idem_key, 1, @plen) = @prefix`)
 		args["plen"], args["prefix"] = int64(n), p.Prefix
@@ -124,13 +96,7 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, 
 		args["before"] = s.d.timeArg(p.CreatedBefore)
 	}
 	if hasCur {
-		if s.d.kind == kindMySQL {
-			// Spelled out: MariaDB does not range-scan an index for a row
-			// comparison.
-			where = append(where, `(tenant_id > @ct OR (tenant_id = @ct AND (created_at > @cc OR (created_at = @cc AND idem_key > @ck))))`)
-		} else {
-			where = append(where, `(tenant_id, created_at, idem_key) > (@ct, @cc, @ck)`)
-		}
+		where = append(where, s.d.cursorAfter)
 		args["ct"], args["cc"], args["ck"] = cur.Tenant, s.d.timeArg(cur.Time()), cur.Key
 	}
 	q := compile(`SELECT `+listColumns+` FROM idem_keys WHERE `+strings.Join(where, " AND ")+`

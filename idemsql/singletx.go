@@ -6,10 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -57,31 +54,31 @@ func SingleTransaction() Option {
 
 // singleMode is the state of a Store in the single-transaction mode.
 type singleMode struct {
-	// held counts, on SQLite, this Store's executions that hold a key, by
-	// tenant and key: a claim of a held key is a duplicate, whose wait for
-	// the write lock is bounded by its wait limit, while a claim of
-	// another key waits for the lock as any writer does.
+	// held counts, on SQLite, this Store's claims and executions of a key,
+	// by tenant and key, from the moment a claim begins: a claim of a key
+	// another claim or execution holds is a duplicate, whose wait for the
+	// write lock is bounded by its wait limit, while a claim of another
+	// key waits for the lock as any writer does. Counted from the claim's
+	// beginning, not from its win: duplicates sent at once all queue for
+	// the lock before the first wins it.
 	mu   sync.Mutex
 	held map[lease]int
-
-	// mariaDB: MySQL only, whether the server is MariaDB, which bounds a
-	// statement's lock wait with SET STATEMENT (read once: 0 unknown, 1
-	// no, 2 yes).
-	mariaDB atomic.Int32
 }
 
-// hold marks (tenant, key) held by an execution of this Store and returns
-// what unmarks it.
-func (m *singleMode) hold(tenant, key string) func() {
+// hold marks (tenant, key) held by a claim of this Store, reports whether
+// another claim or execution held it already, and returns what unmarks
+// it.
+func (m *singleMode) hold(tenant, key string) (others bool, unhold func()) {
 	k := lease{tenant: tenant, key: key}
 	m.mu.Lock()
 	if m.held == nil {
 		m.held = make(map[lease]int)
 	}
+	others = m.held[k] > 0
 	m.held[k]++
 	m.mu.Unlock()
 	var once sync.Once
-	return func() {
+	return others, func() {
 		once.Do(func() {
 			m.mu.Lock()
 			if m.held[k]--; m.held[k] <= 0 {
@@ -90,12 +87,6 @@ func (m *singleMode) hold(tenant, key string) func() {
 			m.mu.Unlock()
 		})
 	}
-}
-
-func (m *singleMode) isHeld(tenant, key string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.held[lease{tenant: tenant, key: key}] > 0
 }
 
 // singleDeadlockAttempts bounds the claims of one ClaimUnit that end in a
@@ -127,6 +118,19 @@ func (s *Store) ClaimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 		return idem.ClaimResult{Record: rec}, nil, nil
 	}
 	deadline := time.Now().Add(wait)
+	if rec == nil && s.d.claimUnitNew != nil {
+		u, err := s.d.claimUnitNew(s, ctx, p, wait)
+		if err != nil {
+			if errors.Is(err, idem.ErrInFlight) {
+				return idem.ClaimResult{}, nil, err
+			}
+			// Nothing of a failed claim is committed.
+			return idem.ClaimResult{}, nil, idem.NotApplied(fmt.Errorf("idemsql: claim: %w", err))
+		}
+		if u != nil {
+			return idem.ClaimResult{Won: true}, u, nil
+		}
+	}
 	for attempt, vanished := 1, 0; vanished < claimAttempts; attempt++ {
 		u, rec, err := s.claimUnit(ctx, p, max(time.Until(deadline), 0))
 		if err != nil && s.d.retryable(err) && attempt < singleDeadlockAttempts && ctx.Err() == nil {
@@ -174,14 +178,14 @@ func (s *Store) ClaimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 // it (SQLite), or neither (then the caller reads it).
 func (s *Store) claimUnit(ctx context.Context, p idem.ClaimParams, wait time.Duration) (*singleUnit, *idem.Record, error) {
 	u := newUnit(s)
-	beginCtx := ctx
-	if s.d.kind == kindSQLite && s.single.isHeld(p.Tenant, p.Key) {
-		// A duplicate of an execution of this Store: the write lock it
-		// waits for is the holder's, so the wait limit bounds the wait.
-		var cancel context.CancelFunc
-		beginCtx, cancel = context.WithTimeout(ctx, max(wait, time.Millisecond))
-		defer cancel()
-	}
+	beginCtx, cancel, unhold := s.duplicateWait(ctx, p, wait)
+	defer cancel()
+	won := false
+	defer func() {
+		if !won {
+			unhold()
+		}
+	}()
 	u.mu.Lock()
 	err := u.begin(beginCtx)
 	u.mu.Unlock()
@@ -196,14 +200,30 @@ func (s *Store) claimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 		_ = u.Rollback(ctx)
 		return nil, rec, err
 	}
-	su := &singleUnit{u: u, params: p, takeover: takeover}
-	if s.d.kind == kindSQLite {
-		su.unhold = s.single.hold(p.Tenant, p.Key)
-	}
-	return su, nil, nil
+	won = true
+	return &singleUnit{u: u, params: p, takeover: takeover, unhold: unhold}, nil, nil
 }
 
-// claimIn runs the claim on conn, in its open transaction.
+// duplicateWait returns the context of the beginning of a claim's
+// transaction, and what ends the claim's hold on the key (see
+// singleMode.held), which the claim keeps when it wins: on SQLite, for a
+// duplicate of a claim or execution of this Store, the write lock it
+// waits for is the holder's, so the wait limit bounds the wait; otherwise
+// ctx.
+func (s *Store) duplicateWait(ctx context.Context, p idem.ClaimParams, wait time.Duration) (context.Context, context.CancelFunc, func()) {
+	if !s.d.oneWriter {
+		return ctx, func() {}, func() {}
+	}
+	others, unhold := s.single.hold(p.Tenant, p.Key)
+	if others {
+		ctx, cancel := context.WithTimeout(ctx, max(wait, time.Millisecond))
+		return ctx, cancel, unhold
+	}
+	return ctx, func() {}, unhold
+}
+
+// claimIn runs the claim on conn, in its open transaction
+// (rules.claimIn).
 func (s *Store) claimIn(ctx context.Context, conn *sql.Conn, p idem.ClaimParams, wait time.Duration) (won, takeover bool, rec *idem.Record, err error) {
 	values := map[string]any{
 		"tenant":      p.Tenant,
@@ -213,119 +233,7 @@ func (s *Store) claimIn(ctx context.Context, conn *sql.Conn, p idem.ClaimParams,
 		"lease":       p.Lease.Microseconds(),
 		"retention":   p.Retention.Microseconds(),
 	}
-	switch s.d.kind {
-	case kindSQLite:
-		return s.claimInSQLite(ctx, conn, values)
-	case kindPostgres:
-		// lock_timeout bounds the wait on a row another transaction
-		// inserted, for the claim only: set for the transaction, and set
-		// back right after (0 would mean no limit).
-		ms := strconv.FormatInt(max(wait.Milliseconds(), 1), 10)
-		if _, err := conn.ExecContext(ctx, "SET LOCAL lock_timeout = "+ms); err != nil {
-			return false, false, nil, err
-		}
-		var token int64
-		var steps []byte
-		err := conn.QueryRowContext(ctx, s.d.claim.text, s.d.claim.args(values)...).Scan(&token, &steps, &takeover)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			return false, false, nil, nil
-		case postgresState(err) == "55P03":
-			return false, false, nil, fmt.Errorf("idemsql: %w (waited %s for its transaction)", idem.ErrInFlight, wait)
-		case err != nil:
-			return false, false, nil, err
-		}
-		if _, err := conn.ExecContext(ctx, "SET LOCAL lock_timeout TO DEFAULT"); err != nil {
-			return false, false, nil, err
-		}
-		return true, takeover, nil, nil
-	default: // MySQL
-		text, claimCtx := s.d.claim.text, ctx
-		if s.isMariaDB(ctx, conn) {
-			// innodb_lock_wait_timeout counts whole seconds (0: do not
-			// wait), for this statement only.
-			secs := (wait + time.Second - 1) / time.Second
-			text = "SET STATEMENT innodb_lock_wait_timeout = " + strconv.FormatInt(int64(secs), 10) + " FOR " + text
-		} else if wait >= 0 {
-			// MySQL has no per-statement lock wait: the context bounds
-			// it, and the driver closes the connection when it ends.
-			var cancel context.CancelFunc
-			claimCtx, cancel = context.WithTimeout(ctx, max(wait, time.Millisecond))
-			defer cancel()
-		}
-		res, err := conn.ExecContext(claimCtx, text, s.d.claim.args(values)...)
-		if err != nil {
-			if n, ok := s.d.number(err); (ok && n == mysqlLockWaitTimeout) || (claimCtx != ctx && ctx.Err() == nil && claimCtx.Err() != nil) {
-				return false, false, nil, fmt.Errorf("idemsql: %w (waited %s for its transaction)", idem.ErrInFlight, wait)
-			}
-			return false, false, nil, err
-		}
-		// See mysqlDialect.claim: 0 lost, 1 won, 2 won by a takeover.
-		id, err := res.LastInsertId()
-		if err != nil {
-			return false, false, nil, err
-		}
-		return id == 1 || id == 2, id == 2, nil, nil
-	}
-}
-
-// claimInSQLite claims on SQLite in the open transaction, which holds the
-// write lock: it reads the record, inserts one when there is none, and
-// replaces one past its retention, or in flight with an ended lease, the
-// same fingerprint and no recovery points (an execution of a Store in the
-// default mode that died). A lost claim returns the record it read.
-func (s *Store) claimInSQLite(ctx context.Context, conn *sql.Conn, values map[string]any) (won, takeover bool, rec *idem.Record, err error) {
-	var expired, ended bool
-	row := conn.QueryRowContext(ctx, s.d.claimRead.text, s.d.claimRead.args(values)...)
-	rec, stored, err := scanRecord(s.d, row, &expired, &ended)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		var token int64
-		if err := conn.QueryRowContext(ctx, s.d.claim.text, s.d.claim.args(values)...).Scan(&token); err != nil {
-			return false, false, nil, err
-		}
-		return true, false, nil, nil
-	case err != nil:
-		return false, false, nil, err
-	}
-	if ended && !expired {
-		// Recovery points of a dead execution are not resumed in this
-		// mode: such a record is left to a Store in the default mode.
-		ended = len(stored) == 0
-	}
-	if !expired && !ended {
-		return false, false, rec, nil
-	}
-	values["steps"] = nil
-	values["old"] = rec.LeaseToken
-	res, err := conn.ExecContext(ctx, s.d.claimReplace.text, s.d.claimReplace.args(values)...)
-	if err != nil {
-		return false, false, nil, err
-	}
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		return false, false, nil, fmt.Errorf("idemsql: claim: replaced %d records under the write lock, want 1 (%v)", n, err)
-	}
-	return true, !expired, nil, nil
-}
-
-// isMariaDB reports whether the MySQL server is MariaDB, read once.
-func (s *Store) isMariaDB(ctx context.Context, conn *sql.Conn) bool {
-	switch s.single.mariaDB.Load() {
-	case 1:
-		return false
-	case 2:
-		return true
-	}
-	var version string
-	if err := conn.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
-		return false
-	}
-	v := int32(1)
-	if strings.Contains(strings.ToLower(version), "mariadb") {
-		v = 2
-	}
-	s.single.mariaDB.Store(v)
-	return v == 2
+	return s.d.claimIn(s, ctx, conn, values, wait)
 }
 
 // singleUnit is the unit of work of a claim in the single-transaction

@@ -225,6 +225,20 @@ func (c *logConn) Ping(ctx context.Context) error {
 	return nil
 }
 
+// isMariaDB reports whether env's server is MariaDB, where idemsql folds
+// statements into compound ones (mariadb.go).
+func isMariaDB(t *testing.T, env *testDB) bool {
+	t.Helper()
+	if env.dialect != idemmysql.Dialect {
+		return false
+	}
+	var version string
+	if err := env.db.QueryRow(`SELECT VERSION()`).Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Contains(strings.ToLower(version), "mariadb")
+}
+
 // kinds names each statement by its first words, enough to tell a claim,
 // a completion, a BEGIN and the handler's own statements apart.
 func kinds(stmts []string) []string {
@@ -232,6 +246,20 @@ func kinds(stmts []string) []string {
 	for i, s := range stmts {
 		f := strings.Fields(s)
 		switch {
+		// MariaDB's compound statements (mariadb.go).
+		case strings.HasPrefix(s, "BEGIN NOT ATOMIC") && strings.Contains(s, "FOUND_ROWS()"):
+			out[i] = "peek and claim"
+		case strings.HasPrefix(s, "BEGIN NOT ATOMIC") && strings.Contains(s, "INSERT INTO idem_keys"):
+			out[i] = "begin and claim"
+		case strings.HasPrefix(s, "BEGIN NOT ATOMIC") && strings.Contains(s, "UPDATE idem_keys SET state = 'complete'"):
+			out[i] = "complete and commit"
+		case strings.HasPrefix(s, "BEGIN NOT ATOMIC SET autocommit = 0; SAVEPOINT"):
+			out[i] = "begin"
+		// SQLite's texts of two statements.
+		case strings.HasPrefix(s, "BEGIN IMMEDIATE; SAVEPOINT"):
+			out[i] = "begin"
+		case strings.HasPrefix(s, "RELEASE SAVEPOINT") && strings.Contains(s, "UPDATE idem_keys SET state = 'complete'"):
+			out[i] = "release and complete"
 		case strings.HasPrefix(s, "INSERT INTO idem_keys"), strings.HasPrefix(s, "WITH prev AS"):
 			out[i] = "claim"
 		case strings.HasPrefix(s, "SELECT tenant_id") && strings.Contains(s, "state = 'complete' AND expires_at >"):

@@ -58,7 +58,7 @@ func (s *Store) SaveStep(ctx context.Context, p idem.SaveStepParams) error {
 	// The step is never empty, so the row changes whenever it matches:
 	// rows affected are exact on every dialect.
 	if err := fenced(res); err != nil {
-		if s.d.kind == kindMySQL && s.stepHeld(ctx, p) {
+		if s.d.stepBounded && s.stepHeld(ctx, p) {
 			// Held, so refused for its size (see the MySQL saveStep).
 			return fmt.Errorf("idemsql: save step %q: the record's steps would outgrow the server's max_allowed_packet; the step (%d bytes) is not saved", p.Name, len(step))
 		}

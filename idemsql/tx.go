@@ -184,6 +184,15 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p idem.CompleteParam
 // completeArgs returns the arguments of q, a completion, for p; unit is
 // the unit's mark (Postgres' completeUnit).
 func completeArgs(q query, p idem.CompleteParams, unit string) ([]any, error) {
+	values, err := completeValues(p, unit)
+	if err != nil {
+		return nil, err
+	}
+	return q.args(values), nil
+}
+
+// completeValues returns the named arguments of a completion for p.
+func completeValues(p idem.CompleteParams, unit string) (map[string]any, error) {
 	headers, err := idem.MarshalHeader(p.Result.Header)
 	if err != nil {
 		return nil, fmt.Errorf("idemsql: complete: %w", err)
@@ -209,5 +218,5 @@ func completeArgs(q query, p idem.CompleteParams, unit string) ([]any, error) {
 		"ref":     ref,
 		"unit":    unit,
 	}
-	return q.args(values), nil
+	return values, nil
 }

@@ -125,6 +125,9 @@ type store struct {
 	// single: the server claims inside the order's transaction, so a kill
 	// before the commit leaves nothing at all.
 	single bool
+	// duplicates: each iteration also sends a duplicate of its request,
+	// concurrently, which must get the same order.
+	duplicates bool
 }
 
 func openSQLite(t *testing.T) *store {
@@ -246,6 +249,17 @@ func (st *store) crashOnce(t *testing.T, point string, i int, s *stats) {
 
 	done := make(chan *result, 1)
 	go func() { done <- post(armed.url(), key, cart) }()
+	var dupDone chan *result
+	if st.duplicates {
+		// A duplicate of the same key, sent while the first is in flight
+		// (or once the server died): it waits for the first execution, or
+		// finds no server, and retries until the restarted server answers.
+		dupDone = make(chan *result, 1)
+		go func() {
+			time.Sleep(20 * time.Millisecond)
+			dupDone <- post(armed.url(), key, cart)
+		}()
+	}
 
 	// The armed server must die, and by SIGKILL: any other end (a panic,
 	// an exit) would not be the crash under test.
@@ -268,8 +282,9 @@ func (st *store) crashOnce(t *testing.T, point string, i int, s *stats) {
 	case "after-claim", "after-write":
 		if st.single {
 			// The claim, the order and the record are one transaction,
-			// which PostgreSQL rolled back when the process's
-			// connection died: nothing is left, not even a record.
+			// which the database rolled back when the process's
+			// connection died (SQLite: which never committed): nothing
+			// is left, not even a record.
 			if at.state != "" || len(at.orderIDs) != 0 {
 				t.Errorf("%s: after the kill %s in the single-transaction mode: record %q, orders %v; want neither", key, point, at.state, at.orderIDs)
 			}
@@ -295,6 +310,14 @@ func (st *store) crashOnce(t *testing.T, point string, i int, s *stats) {
 	case <-time.After(clientTimeout + 10*time.Second):
 		t.Fatalf("%s: the client did not return", key)
 	}
+	var dup *result
+	if dupDone != nil {
+		select {
+		case dup = <-dupDone:
+		case <-time.After(clientTimeout + 10*time.Second):
+			t.Fatalf("%s: the duplicate's client did not return", key)
+		}
+	}
 	restarted.stop(t)
 	if r.err != nil {
 		t.Fatalf("%s: the client's retries ended with %v (attempts %+v):\n%s", key, r.err, r.trace.History, restarted.log())
@@ -319,7 +342,22 @@ func (st *store) crashOnce(t *testing.T, point string, i int, s *stats) {
 	if loc := r.resp.Header.Get("Location"); loc != "/orders/"+created.ID {
 		t.Fatalf("%s: Location %q, want /orders/%s", key, loc, created.ID)
 	}
+	if dup != nil {
+		// The duplicate gets the one order too, replayed or made by its
+		// own attempt (then the first client's was the replay).
+		var got struct {
+			ID string `json:"id"`
+		}
+		if dup.err != nil {
+			t.Fatalf("%s: the duplicate's retries ended with %v (attempts %+v)", key, dup.err, dup.trace.History)
+		}
+		if dup.resp.StatusCode != http.StatusCreated || json.Unmarshal(dup.body, &got) != nil || got.ID != created.ID {
+			t.Fatalf("%s: the duplicate's answer %d %s, want 201 with order %s", key, dup.resp.StatusCode, dup.body, created.ID)
+		}
+		s.add(dup)
+	}
 	replayed := r.resp.Header.Get("Idempotent-Replayed") == "true"
+	dupReplayed := dup != nil && dup.resp.Header.Get("Idempotent-Replayed") == "true"
 	switch point {
 	case "after-commit":
 		// The answer was committed but never sent: the retry must get
@@ -327,10 +365,18 @@ func (st *store) crashOnce(t *testing.T, point string, i int, s *stats) {
 		if !replayed || !r.trace.Replayed || created.ID != committedID {
 			t.Fatalf("%s: final answer replayed=%v for order %s; want the replay of the committed order %q", key, replayed, created.ID, committedID)
 		}
+		if dup != nil && !dupReplayed {
+			t.Fatalf("%s: the duplicate's answer is not a replay; want the replay of the committed order %q", key, committedID)
+		}
 	default:
 		// Nothing had committed but the claim: the retry takes the key
-		// over once its lease ends and runs the order, once.
-		if replayed || r.trace.Replayed {
+		// over once its lease ends and runs the order, once. With a
+		// duplicate, one of the two runs it and the other replays it.
+		if dup != nil {
+			if replayed == dupReplayed {
+				t.Fatalf("%s: replayed=%v and the duplicate's replayed=%v; want one fresh execution and one replay", key, replayed, dupReplayed)
+			}
+		} else if replayed || r.trace.Replayed {
 			t.Fatalf("%s: final answer is a replay; nothing had committed, want a fresh execution", key)
 		}
 	}

@@ -107,8 +107,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		db, err = openDatabase(ctx, *dbURL, *conns, "", *rtt)
 	} else {
 		// The pgx-only measurements have no database/sql counterpart.
-		if *variantSQL != "" || *variantClaimBatch != 0 || *variantClaimConcurrency != 0 || *withOneTx || *withSingle || *withWriteOnce || *withRealistic || *rtt != 0 {
-			return errors.New("-variant, -variant-claim-*, -onetx, -single, -writeonce, -realistic and -rtt measure idempg: use them with -store postgres")
+		if *variantSQL != "" || *variantClaimBatch != 0 || *variantClaimConcurrency != 0 || *withOneTx || *withWriteOnce || *withRealistic || *rtt != 0 {
+			return errors.New("-variant, -variant-claim-*, -onetx, -writeonce, -realistic and -rtt measure idempg: use them with -store postgres (-single works on every store)")
 		}
 		*costRuns = 0
 		if *store == "sqlite" {

@@ -32,7 +32,9 @@ import (
 // With -store mysql or -store sqlite, the routes run on database/sql and
 // idemsql instead of pgx and idempg: (a) the bare handler in its own
 // transaction, (b) and (c) the same handler behind idemhttp on
-// idemsql.Store, (d) the naive check-then-write. The business table and
+// idemsql.Store, (d) the naive check-then-write, and with -single (f) and
+// (g) on idemsql in the single-transaction mode (sqlsingle.go). The
+// business table and
 // the routes are the PostgreSQL ones, in each database's SQL. Round trips
 // are counted as statements sent through database/sql (a BEGIN, COMMIT
 // or SAVEPOINT included); the database's CPU is not measured (MariaDB's
@@ -403,6 +405,9 @@ func newSQLMux(db *database) (*http.ServeMux, error) {
 	mux.Handle("POST "+routeBare, createSQLOrder(own))
 	mux.Handle("POST "+routeIdem, mw.Handler(createSQLOrder(engineTx)))
 	mux.Handle("POST "+routeNaive, naiveSQL(db, createSQLOrder(own)))
+	if err := addSQLSingleRoutes(mux, db); err != nil {
+		return nil, err
+	}
 	return mux, nil
 }
 
