@@ -68,7 +68,7 @@ func openDB(ctx context.Context, db string, o openOptions) (*conn, error) {
 		}
 		c.db = db
 	case dialectPostgres:
-		pool, err := pgxpool.New(ctx, target.url)
+		pool, err := openPool(ctx, target.url)
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %s", target.describe(), target.redact(err.Error()))
 		}
@@ -224,4 +224,24 @@ func parseRedisURL(rawURL string) (*redis.Options, error) {
 		return nil, usagef("--keys: %s", redactURL(err.Error(), rawURL))
 	}
 	return opts, nil
+}
+
+// defaultPoolConns is the PostgreSQL pool's size when the URL sets no
+// pool_max_conns. pgxpool's own default is the number of CPUs (at least
+// 4): on a small machine, four requests that hold a connection (a slow
+// handler, or a duplicate waiting on the first execution's lock in the
+// single-transaction mode) would stall every other key behind them.
+const defaultPoolConns = 16
+
+// openPool opens the PostgreSQL pool of a --db URL, with
+// defaultPoolConns unless the URL says otherwise.
+func openPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	if !strings.Contains(url, "pool_max_conns") {
+		cfg.MaxConns = max(cfg.MaxConns, defaultPoolConns)
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
