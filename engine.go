@@ -80,9 +80,10 @@ type Config struct {
 	WaitPollInterval time.Duration
 
 	// Tracer observes every operation, and, when it implements the
-	// optional interfaces (StoreTracer, LeaseTracer, RequestTracer), the
-	// store calls, the lease events, and idemhttp's requests over this
-	// engine (ideminbox's messages: ideminbox.Config.Tracer). idemprom
+	// optional interfaces (StoreTracer, LeaseTracer, and the front ends'
+	// idemfront.RequestTracer), the store calls, the lease events, and the
+	// requests of the front ends over this engine (ideminbox's messages:
+	// ideminbox.Config.Tracer). idemprom
 	// and idemotel provide tracers; MultiTracer combines them. Defaults to
 	// none, which costs nothing.
 	Tracer Tracer

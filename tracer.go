@@ -14,8 +14,8 @@ import (
 // engine, the janitor, idemhttp and ideminbox find them by type assertion
 // on Config.Tracer and call those it implements: StoreTracer (every store
 // call), LeaseTracer (lost leases, takeovers, heartbeat failures),
-// PurgeTracer (the janitor's passes) and RequestTracer (idemhttp's
-// requests). ideminbox traces its messages with a tracer of its own
+// PurgeTracer (the janitor's passes). A front end's requests are traced
+// by idemfront.RequestTracer, found on the same tracer. ideminbox traces its messages with a tracer of its own
 // (ideminbox.MessageTracer, set in ideminbox.Config.Tracer).
 //
 // Calls come from many goroutines at once; a Tracer must be safe for
@@ -297,143 +297,6 @@ type TracePurgeData struct {
 	Err      error
 }
 
-// RequestOutcome is how a front end (idemhttp) answered a request.
-type RequestOutcome uint8
-
-// The outcomes of a request. Their String values are the label values
-// idemprom and idemotel report.
-const (
-	// RequestExecuted: the handler ran and its answer was stored and sent.
-	RequestExecuted RequestOutcome = iota + 1
-	// RequestReplayed: a stored answer was sent.
-	RequestReplayed
-	// RequestPassthrough: no key, and none required: the handler ran
-	// unprotected.
-	RequestPassthrough
-	// RequestInFlight: 409, another execution holds the key.
-	RequestInFlight
-	// RequestFingerprintMismatch: 422, the key was used for another request.
-	RequestFingerprintMismatch
-	// RequestLeaseLost: 409, the execution lost its key to a takeover.
-	RequestLeaseLost
-	// RequestStoreUnavailable: 503, the store failed.
-	RequestStoreUnavailable
-	// RequestKeyRequired: 400, no key where one is required.
-	RequestKeyRequired
-	// RequestInvalidKey: 400, a malformed key.
-	RequestInvalidKey
-	// RequestTooLarge: 413, the request body is over the limit.
-	RequestTooLarge
-	// RequestResponseTooLarge: 500, the answer was too large to store.
-	RequestResponseTooLarge
-	// RequestHandlerPanic: 500, the handler panicked.
-	RequestHandlerPanic
-	// RequestCancelled: the request's context ended (the client went away
-	// with CancelOnDisconnect, or the server is stopping).
-	RequestCancelled
-	// RequestReplayFailed: 500, a stored answer could not be rebuilt.
-	RequestReplayFailed
-	// RequestNotExecuted: the handler said it did not execute (NotExecuted,
-	// or an unstored status such as 404): sent, not stored.
-	RequestNotExecuted
-	// RequestReleased: the handler answered 5xx and the key was released
-	// (ReleaseOn5xx): sent, not stored.
-	RequestReleased
-	// RequestUnauthenticated: 401, the tenant could not be named.
-	RequestUnauthenticated
-	// RequestUnreadable: 400, the request body could not be read.
-	RequestUnreadable
-	// RequestIncomplete: the handler wrote less than its Content-Length:
-	// sent broken, not stored.
-	RequestIncomplete
-	// RequestInternalError: 500, any other failure (an invalid tenant, a
-	// closed engine, a success answered after a failed SQL statement).
-	RequestInternalError
-	// RequestStepNotSaved: 503, a step ran but its result was not
-	// recorded; the key is held until its lease ends.
-	RequestStepNotSaved
-
-	numRequestOutcomes = iota
-)
-
-var requestOutcomeNames = [...]string{
-	"unknown", "executed", "replayed", "passthrough", "in_flight", "fingerprint_mismatch",
-	"lease_lost", "store_unavailable", "key_required", "invalid_key", "request_too_large",
-	"response_too_large", "handler_panic", "request_cancelled", "replay_failed",
-	"not_executed", "released", "unauthenticated", "request_unreadable", "incomplete",
-	"internal_error", "step_not_saved",
-}
-
-// String returns the outcome's label value (see the constants).
-func (o RequestOutcome) String() string {
-	if int(o) < len(requestOutcomeNames) {
-		return requestOutcomeNames[o]
-	}
-	return "unknown"
-}
-
-// RequestOutcomes returns every request outcome.
-func RequestOutcomes() []RequestOutcome {
-	out := make([]RequestOutcome, 0, numRequestOutcomes)
-	for o := RequestExecuted; o <= RequestStepNotSaved; o++ {
-		out = append(out, o)
-	}
-	return out
-}
-
-// RequestTracer observes the requests of a front end such as idemhttp,
-// which finds it on its engine's Config.Tracer. Only requests of the
-// covered methods are traced.
-type RequestTracer interface {
-	// TraceRequestStart is called as a covered request arrives. The
-	// context it returns is the one the engine and the handler run under
-	// (a request that passes through without a key runs its handler under
-	// its own context).
-	TraceRequestStart(ctx context.Context, data TraceRequestStartData) context.Context
-	// TraceRequestEnd is called once the answer was sent, with that
-	// context.
-	TraceRequestEnd(ctx context.Context, data TraceRequestEndData)
-}
-
-// TraceRequestStartData describes a request that arrives.
-type TraceRequestStartData struct {
-	// Protocol names the front end's protocol: "grpc", "connect"; empty
-	// for HTTP (idemhttp and the routers built on it).
-	Protocol string
-	Method   string
-	// Route is the route's pattern ("/orders/{id}"), never the raw path;
-	// "unmatched" when the router named none.
-	Route string
-}
-
-// RequestMethod is the method under which observers (idemprom, idemotel)
-// count a request: the HTTP method, or for an RPC front end (protocol
-// "grpc", "connect") its protocol, since every call is a POST and the
-// route (the full method name, "/pkg.Service/Method") says the rest.
-func RequestMethod(method, protocol string) string {
-	if protocol != "" {
-		return protocol
-	}
-	return method
-}
-
-// TraceRequestEndData describes a request that was answered.
-type TraceRequestEndData struct {
-	// Protocol is TraceRequestStartData.Protocol.
-	Protocol string
-	Method   string
-	Route    string
-	Outcome  RequestOutcome
-	// Status is the status sent; 0 when the request passed through (the
-	// front end did not watch the answer).
-	Status int
-	// Execution is how long the handler and the completion took; zero
-	// when the handler did not run under the engine.
-	Execution time.Duration
-	// Err is the engine's error, if any.
-	Err error
-}
-
 // classifyOperation names the outcome of Engine.Do from what it returns.
 func classifyOperation(ctx context.Context, out Outcome, err error) OperationOutcome {
 	switch {
@@ -636,8 +499,9 @@ func releaseTraced(ctx context.Context, store Store, st StoreTracer, name string
 }
 
 // MultiTracer returns a tracer that calls each of tracers in turn, and
-// implements every optional interface, forwarding each call to those of
-// tracers that implement it. The contexts returned by the Start calls
+// implements every optional interface of this package, forwarding each
+// call to those of tracers that implement it; a front end finds its
+// request tracers among them with idemfront.RequestTracerOf. The contexts returned by the Start calls
 // are chained: each tracer starts from the previous one's. Nil tracers
 // are skipped; with none left it returns nil.
 func MultiTracer(tracers ...Tracer) Tracer {
@@ -656,9 +520,6 @@ func MultiTracer(tracers ...Tracer) Tracer {
 		if p, ok := t.(PurgeTracer); ok {
 			m.purge = append(m.purge, p)
 		}
-		if r, ok := t.(RequestTracer); ok {
-			m.request = append(m.request, r)
-		}
 	}
 	switch len(m.all) {
 	case 0:
@@ -670,12 +531,15 @@ func MultiTracer(tracers ...Tracer) Tracer {
 }
 
 type multiTracer struct {
-	all     []Tracer
-	store   []StoreTracer
-	lease   []LeaseTracer
-	purge   []PurgeTracer
-	request []RequestTracer
+	all   []Tracer
+	store []StoreTracer
+	lease []LeaseTracer
+	purge []PurgeTracer
 }
+
+// Unwrap returns the tracers m calls, so that a front end finds the
+// interfaces of its own among them (idemfront.RequestTracerOf).
+func (m *multiTracer) Unwrap() []Tracer { return m.all }
 
 func (m *multiTracer) TraceOperationStart(ctx context.Context, data TraceOperationStartData) context.Context {
 	for _, t := range m.all {
@@ -712,18 +576,5 @@ func (m *multiTracer) TraceLease(ctx context.Context, data TraceLeaseData) {
 func (m *multiTracer) TracePurge(ctx context.Context, data TracePurgeData) {
 	for _, t := range m.purge {
 		t.TracePurge(ctx, data)
-	}
-}
-
-func (m *multiTracer) TraceRequestStart(ctx context.Context, data TraceRequestStartData) context.Context {
-	for _, t := range m.request {
-		ctx = t.TraceRequestStart(ctx, data)
-	}
-	return ctx
-}
-
-func (m *multiTracer) TraceRequestEnd(ctx context.Context, data TraceRequestEndData) {
-	for _, t := range m.request {
-		t.TraceRequestEnd(ctx, data)
 	}
 }

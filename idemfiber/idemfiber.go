@@ -143,7 +143,7 @@ type Middleware struct {
 	front   *idemfront.Front
 	replay  *idemfront.Headers
 	retry   string
-	tracer  idem.RequestTracer
+	tracer  idemfront.RequestTracer
 	methods []string
 }
 
@@ -205,7 +205,7 @@ func NewMiddleware(engine *idem.Engine, config *Config) (*Middleware, error) {
 		config: cfg, engine: engine, front: front, replay: replay, methods: cfg.Methods,
 		retry: strconv.Itoa(idemhttp.RetryAfterSeconds(front.RetryAfter())),
 	}
-	m.tracer, _ = engine.Config().Tracer.(idem.RequestTracer)
+	m.tracer = idemfront.RequestTracerOf(engine.Config().Tracer)
 	return m, nil
 }
 
@@ -229,11 +229,11 @@ func (m *Middleware) Handle(c fiber.Ctx) error {
 	// Copied: fasthttp's method buffer is reused once the request ends,
 	// and a tracer may keep what it is given.
 	method = strings.Clone(method)
-	t := &trace{ctx: m.tracer.TraceRequestStart(c.Context(), idem.TraceRequestStartData{Method: method, Route: route})}
-	outcome := idem.RequestHandlerPanic
+	t := &trace{ctx: m.tracer.TraceRequestStart(c.Context(), idemfront.TraceRequestStartData{Method: method, Route: route})}
+	outcome := idemfront.Panicked
 	defer func() {
-		m.tracer.TraceRequestEnd(t.ctx, idem.TraceRequestEndData{
-			Method: method, Route: route, Outcome: outcome, Status: t.status,
+		m.tracer.TraceRequestEnd(t.ctx, idemfront.TraceRequestEndData{
+			Method: method, Route: route, Kind: outcome, Status: t.status,
 			Execution: t.execution, Err: t.err,
 		})
 	}()
@@ -251,7 +251,7 @@ type trace struct {
 
 // serve protects one covered request. callerCtx is the caller's context
 // (c.Context(), under the tracer's span when there is one).
-func (m *Middleware) serve(c fiber.Ctx, callerCtx context.Context, t *trace) (idem.RequestOutcome, error) {
+func (m *Middleware) serve(c fiber.Ctx, callerCtx context.Context, t *trace) (idemfront.Kind, error) {
 	req := &c.Request().Header
 	keys := req.PeekAll(idemhttp.HeaderKey)
 	if len(keys) == 0 {
@@ -261,7 +261,7 @@ func (m *Middleware) serve(c fiber.Ctx, callerCtx context.Context, t *trace) (id
 		if t != nil {
 			t.ctx = callerCtx
 		}
-		return idem.RequestPassthrough, c.Next()
+		return idemfront.Passthrough, c.Next()
 	}
 	// Copied out of fasthttp's buffers: the key outlives the request in
 	// the engine's logs and in the echo below.
@@ -283,7 +283,7 @@ func (m *Middleware) serve(c fiber.Ctx, callerCtx context.Context, t *trace) (id
 		if err := idemfront.ValidateTenant(tenant); err != nil {
 			a := m.front.Refuse(idemfront.InvalidTenant, err)
 			a.Log(callerCtx, m.config.Logger, "idemfiber", key)
-			return a.Kind.Outcome(), m.problem(c, t, a)
+			return a.Kind, m.problem(c, t, a)
 		}
 	}
 
@@ -327,16 +327,16 @@ func (m *Middleware) serve(c fiber.Ctx, callerCtx context.Context, t *trace) (id
 		if t != nil {
 			t.status = out.Result.Status
 		}
-		return idem.RequestReplayed, nil
+		return idemfront.Replayed, nil
 	case err == nil:
 		// The handler's answer is in fasthttp's response: sent as it is.
 		if t != nil {
 			t.status = c.Response().StatusCode()
 		}
 		if out.NotStored {
-			return idem.RequestNotExecuted, nil
+			return idemfront.NotStored, nil
 		}
-		return idem.RequestExecuted, nil
+		return idemfront.Executed, nil
 	}
 	// The handler's answer, if any, is discarded: none of it may reach
 	// the problem.
@@ -348,7 +348,7 @@ func (m *Middleware) serve(c fiber.Ctx, callerCtx context.Context, t *trace) (id
 		attrs = append(attrs, slog.Int64("limit", m.config.MaxResponseBody))
 	}
 	a.Log(ctx, m.config.Logger, "idemfiber", key, attrs...)
-	return a.Kind.Outcome(), m.problem(c, t, a)
+	return a.Kind, m.problem(c, t, a)
 }
 
 // echoKey echoes the caller's key fields on the answer, as idemhttp does.
@@ -380,9 +380,9 @@ func (m *Middleware) fingerprint(c fiber.Ctx, body []byte) ([]byte, error) {
 }
 
 // refuse answers a call refused before the engine saw it.
-func (m *Middleware) refuse(c fiber.Ctx, t *trace, kind idemfront.Kind) (idem.RequestOutcome, error) {
+func (m *Middleware) refuse(c fiber.Ctx, t *trace, kind idemfront.Kind) (idemfront.Kind, error) {
 	a := m.front.Refuse(kind, nil)
-	return a.Kind.Outcome(), m.problem(c, t, a)
+	return a.Kind, m.problem(c, t, a)
 }
 
 // problem sends idemhttp's problem for a.

@@ -83,12 +83,57 @@ func TestKinds(t *testing.T) {
 			t.Errorf("kind %d named %q", k, name)
 		}
 		seen[name] = true
-		if k.Outcome().String() == "unknown" {
-			t.Errorf("kind %s has no request outcome", k)
+		if k.Label() == "unknown" {
+			t.Errorf("kind %s has no label for the tracers", k)
 		}
 	}
-	if idemfront.Replayed.Outcome() != idem.RequestReplayed || idemfront.Mismatch.Outcome() != idem.RequestFingerprintMismatch {
-		t.Error("outcomes do not follow the kinds")
+	// The labels are the first releases' names: dashboards depend on them.
+	want := map[idemfront.Kind]string{
+		idemfront.Replayed: "replayed", idemfront.Mismatch: "fingerprint_mismatch",
+		idemfront.Panicked: "handler_panic", idemfront.Cancelled: "request_cancelled",
+		idemfront.NotStored: "not_executed", idemfront.Closed: "internal_error",
+		idemfront.InvalidTenant: "internal_error", idemfront.Internal: "internal_error",
+		idemfront.RequestTooLarge: "request_too_large", idemfront.Incomplete: "incomplete",
+	}
+	for k, label := range want {
+		if k.Label() != label {
+			t.Errorf("%s labelled %q, want %q", k, k.Label(), label)
+		}
+	}
+}
+
+type countingTracer struct {
+	idem.Tracer
+	starts, ends *int
+}
+
+func (c countingTracer) TraceRequestStart(ctx context.Context, _ idemfront.TraceRequestStartData) context.Context {
+	*c.starts++
+	return ctx
+}
+
+func (c countingTracer) TraceRequestEnd(context.Context, idemfront.TraceRequestEndData) { *c.ends++ }
+
+type plainTracer struct{ idem.Tracer }
+
+// RequestTracerOf finds the request tracers inside an idem.MultiTracer.
+func TestRequestTracerOf(t *testing.T) {
+	if idemfront.RequestTracerOf(nil) != nil || idemfront.RequestTracerOf(plainTracer{}) != nil {
+		t.Fatal("a tracer without requests gave a request tracer")
+	}
+	var starts, ends int
+	one := countingTracer{starts: &starts, ends: &ends}
+	if idemfront.RequestTracerOf(one) == nil {
+		t.Fatal("a request tracer was not found")
+	}
+	multi := idem.MultiTracer(plainTracer{}, one, one)
+	r := idemfront.RequestTracerOf(multi)
+	if r == nil {
+		t.Fatal("no request tracer inside MultiTracer")
+	}
+	r.TraceRequestEnd(r.TraceRequestStart(context.Background(), idemfront.TraceRequestStartData{}), idemfront.TraceRequestEndData{})
+	if starts != 2 || ends != 2 {
+		t.Fatalf("starts %d ends %d, want 2 and 2", starts, ends)
 	}
 }
 

@@ -1,7 +1,5 @@
 package idemfront
 
-import "github.com/idem-go/idem"
-
 // Kind is an answer a front end gives to a call, in no protocol's words.
 // Each front end maps every Kind to one answer of its own (idemhttp: a
 // status and a problem; gRPC: a status code and its details).
@@ -105,52 +103,37 @@ func Kinds() []Kind {
 	return out
 }
 
-// Outcome returns the outcome a front end reports to the engine's
-// idem.RequestTracer for an answer of this kind, so that every front end
-// is counted under the same names.
-func (k Kind) Outcome() idem.RequestOutcome {
-	switch k {
-	case Executed:
-		return idem.RequestExecuted
-	case Replayed:
-		return idem.RequestReplayed
-	case Passthrough:
-		return idem.RequestPassthrough
-	case InFlight:
-		return idem.RequestInFlight
-	case Mismatch:
-		return idem.RequestFingerprintMismatch
-	case LeaseLost:
-		return idem.RequestLeaseLost
-	case StoreUnavailable:
-		return idem.RequestStoreUnavailable
-	case StepNotSaved:
-		return idem.RequestStepNotSaved
-	case KeyRequired:
-		return idem.RequestKeyRequired
-	case InvalidKey:
-		return idem.RequestInvalidKey
-	case Unauthenticated:
-		return idem.RequestUnauthenticated
-	case RequestTooLarge:
-		return idem.RequestTooLarge
-	case RequestUnreadable:
-		return idem.RequestUnreadable
-	case ResponseTooLarge:
-		return idem.RequestResponseTooLarge
-	case Panicked:
-		return idem.RequestHandlerPanic
-	case Cancelled:
-		return idem.RequestCancelled
-	case ReplayFailed:
-		return idem.RequestReplayFailed
-	case NotStored:
-		return idem.RequestNotExecuted
-	case Released:
-		return idem.RequestReleased
-	case Incomplete:
-		return idem.RequestIncomplete
+// labels are the values observers (idemprom, idemotel) report for each
+// kind. They are the names the first releases reported, kept so that
+// dashboards and alerts written against them keep working: where a kind
+// was split later (InvalidTenant, Closed and Internal were one outcome),
+// the kinds share a label.
+var labels = [...]string{
+	"unknown", "executed", "replayed", "passthrough", "in_flight", "fingerprint_mismatch",
+	"lease_lost", "store_unavailable", "step_not_saved", "key_required", "invalid_key",
+	"internal_error", "unauthenticated", "request_too_large", "request_unreadable",
+	"response_too_large", "handler_panic", "request_cancelled", "replay_failed",
+	"not_executed", "released", "incomplete", "internal_error", "internal_error",
+}
+
+// Label returns the value under which observers (idemprom's outcome
+// label, idemotel's idem.outcome attribute) report an answer of this
+// kind, so that every front end is counted under the same names.
+func (k Kind) Label() string {
+	if int(k) < len(labels) {
+		return labels[k]
 	}
-	// InvalidTenant, Closed, Internal: a failure of the server's own.
-	return idem.RequestInternalError
+	return "unknown"
+}
+
+// Failed reports whether an answer of this kind is a failure of the
+// server side (the idempotency layer, its store or the handler), which a
+// span marks as an error; a refusal of the caller's request is not.
+func (k Kind) Failed() bool {
+	switch k {
+	case LeaseLost, StoreUnavailable, ResponseTooLarge, Panicked, ReplayFailed,
+		Incomplete, Internal, InvalidTenant, Closed, StepNotSaved:
+		return true
+	}
+	return false
 }

@@ -332,7 +332,7 @@ type Config struct {
 	Logger *slog.Logger
 
 	// RouteFunc names the route of a request for the engine's tracer
-	// (idem.RequestTracer): a pattern such as "/orders/{id}", never the
+	// (idemfront.RequestTracer): a pattern such as "/orders/{id}", never the
 	// raw path, whose values would make one metric series per resource.
 	// Set it for a router other than net/http's ServeMux (with chi:
 	// chi.RouteContext(r.Context()).RoutePattern()). Defaults to the

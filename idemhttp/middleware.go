@@ -25,10 +25,10 @@ type Middleware struct {
 	engine     *idem.Engine
 	front      *idemfront.Front // the answers to the engine's errors
 	methods    []string
-	replay     *idemfront.Headers // the headers stored and replayed
-	retryAfter []string           // the Retry-After value, in whole seconds
-	problems   *problems          // the texts true for the engine's store
-	tracer     idem.RequestTracer // the engine's tracer, when it traces requests
+	replay     *idemfront.Headers      // the headers stored and replayed
+	retryAfter []string                // the Retry-After value, in whole seconds
+	problems   *problems               // the texts true for the engine's store
+	tracer     idemfront.RequestTracer // the engine's tracer, when it traces requests
 
 	keyHeader     string        // the canonical name of the key field
 	canonicalJSON bool          // Config.CanonicalJSON or Config.IgnoreJSON
@@ -89,7 +89,7 @@ func NewMiddleware(engine *idem.Engine, config *Config) (*Middleware, error) {
 	}
 	m.keyRequired, m.invalidKey = keyProblems(keyHeader, cfg.KeyFunc != nil)
 	m.retryAfter = []string{strconv.Itoa(retryAfterSeconds(front.RetryAfter()))}
-	m.tracer, _ = engine.Config().Tracer.(idem.RequestTracer)
+	m.tracer = idemfront.RequestTracerOf(engine.Config().Tracer)
 	return m, nil
 }
 
@@ -131,23 +131,23 @@ func (m *Middleware) covers(method string) bool {
 
 // serve answers a request of a covered method, and says how. t is the
 // request's trace, nil when untraced.
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, t *requestTrace) (idem.RequestOutcome, int) {
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, t *requestTrace) (idemfront.Kind, int) {
 	key, err := m.keyOf(r)
 	if err != nil {
 		// Echoed too, as every answer to a covered request that carried a
 		// key, so that the client can tell which of its keys was refused.
 		m.echoKey(w, r)
-		return idem.RequestInvalidKey, writeProblem(w, m.invalidKey)
+		return idemfront.InvalidKey, writeProblem(w, m.invalidKey)
 	}
 	if key == "" {
 		if m.config.RequireKey {
-			return idem.RequestKeyRequired, writeProblem(w, m.keyRequired)
+			return idemfront.KeyRequired, writeProblem(w, m.keyRequired)
 		}
 		next.ServeHTTP(w, r)
 		if t != nil {
 			t.pattern = r.Pattern
 		}
-		return idem.RequestPassthrough, 0
+		return idemfront.Passthrough, 0
 	}
 	// From here on every answer echoes the key, as the client sent it.
 	m.echoKey(w, r)
@@ -155,7 +155,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	tenant := ""
 	if m.config.TenantFunc != nil {
 		if tenant, err = m.config.TenantFunc(r); err != nil {
-			return idem.RequestUnauthenticated, writeProblem(w, problemUnauthenticated)
+			return idemfront.Unauthenticated, writeProblem(w, problemUnauthenticated)
 		}
 		if err := idemfront.ValidateTenant(tenant); err != nil {
 			// Not UTF-8, or a control character (which names the key
@@ -163,7 +163,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			// caller's, and no store outage either.
 			m.config.Logger.ErrorContext(r.Context(), "idemhttp: Config.TenantFunc returned a tenant that cannot be used; request refused",
 				slog.String("tenant", fieldtext.Escape(tenant)), slog.String("key", key), slog.Any("error", err))
-			return idem.RequestInternalError, writeProblem(w, problemInternal)
+			return idemfront.Internal, writeProblem(w, problemInternal)
 		}
 	}
 
@@ -173,9 +173,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	x.body.set(buf)
 	if err != nil {
 		if errors.Is(err, errRequestTooLarge) {
-			return idem.RequestTooLarge, writeProblem(w, problemRequestTooLarge)
+			return idemfront.RequestTooLarge, writeProblem(w, problemRequestTooLarge)
 		}
-		return idem.RequestUnreadable, writeProblem(w, problemRequestUnreadable)
+		return idemfront.RequestUnreadable, writeProblem(w, problemRequestUnreadable)
 	}
 
 	var fp []byte
@@ -213,9 +213,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		status := x.rec.finalStatus()
 		x.rec.deliver(status, x.rec.body)
 		if out.NotStored {
-			return idem.RequestNotExecuted, status
+			return idemfront.NotStored, status
 		}
-		return idem.RequestExecuted, status
+		return idemfront.Executed, status
 	}
 	return m.writeError(x, op, err)
 }
@@ -417,13 +417,13 @@ func (m *Middleware) storedHeader(out map[string][]string, h http.Header) map[st
 }
 
 // writeReplay sends a stored result back, and says how.
-func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *requestBody, res idem.Result) (idem.RequestOutcome, int) {
+func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *requestBody, res idem.Result) (idemfront.Kind, int) {
 	h := w.Header()
 	if res.Mode != idem.ModeResponse {
 		if m.config.ReplayFunc == nil {
 			m.config.Logger.ErrorContext(r.Context(), "idemhttp: stored result needs Config.ReplayFunc",
 				slog.String("mode", res.Mode.String()))
-			return idem.RequestReplayFailed, writeProblem(w, problemReplayFailed)
+			return idemfront.ReplayFailed, writeProblem(w, problemReplayFailed)
 		}
 		h[HeaderReplayed] = replayedTrue
 		m.onReplay(w, r, res)
@@ -451,14 +451,14 @@ func (m *Middleware) writeReplay(w http.ResponseWriter, r *http.Request, body *r
 	if len(res.Body) > 0 {
 		w.Write(res.Body) //nolint:errcheck // the client is gone
 	}
-	return idem.RequestReplayed, res.Status
+	return idemfront.Replayed, res.Status
 }
 
 // callReplayFunc runs Config.ReplayFunc, containing its panics: the key
 // is complete, so every retry would meet the same panic and a dropped
 // connection; they get 500 replay-failed instead, when nothing was sent
 // yet. http.ErrAbortHandler is raised again, as net/http means it.
-func (m *Middleware) callReplayFunc(w http.ResponseWriter, r *http.Request, res idem.Result) (outcome idem.RequestOutcome, status int) {
+func (m *Middleware) callReplayFunc(w http.ResponseWriter, r *http.Request, res idem.Result) (outcome idemfront.Kind, status int) {
 	tw := &writeTracker{ResponseWriter: w}
 	defer func() {
 		v := recover()
@@ -470,7 +470,7 @@ func (m *Middleware) callReplayFunc(w http.ResponseWriter, r *http.Request, res 
 		}
 		m.config.Logger.ErrorContext(r.Context(), "idemhttp: Config.ReplayFunc panicked",
 			slog.Any("panic", v), slog.String("stack", string(debug.Stack())))
-		outcome, status = idem.RequestReplayFailed, tw.status
+		outcome, status = idemfront.ReplayFailed, tw.status
 		if !tw.wrote {
 			status = writeProblem(w, problemReplayFailed)
 		}
@@ -479,7 +479,7 @@ func (m *Middleware) callReplayFunc(w http.ResponseWriter, r *http.Request, res 
 	if tw.status == 0 {
 		tw.status = http.StatusOK // what net/http sends for a handler that wrote nothing
 	}
-	return idem.RequestReplayed, tw.status
+	return idemfront.Replayed, tw.status
 }
 
 // writeTracker notes whether anything was written through it. Unwrap
@@ -509,7 +509,7 @@ func (t *writeTracker) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 // writeError answers a failed Engine.Do, and says how: the errors of the
 // middleware's own first, then the engine's, by the kind idemfront gives
 // them.
-func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) (idem.RequestOutcome, int) {
+func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) (idemfront.Kind, int) {
 	w := x.w
 	var rec *recorder
 	if x.ran {
@@ -526,7 +526,7 @@ func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) (idem
 	case errors.Is(err, errReleased5xx):
 		status := rec.finalStatus()
 		rec.deliver(status, rec.body)
-		return idem.RequestReleased, status
+		return idemfront.Released, status
 	case errors.Is(err, errShortBody):
 		// What net/http would have sent: the declared Content-Length and
 		// the bytes written, on a connection it then closes, so that the
@@ -537,7 +537,7 @@ func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) (idem
 			slog.String("key", op.Key), slog.Int64("declared", rec.declLen), slog.Int("written", len(rec.body)))
 		status := rec.finalStatus()
 		rec.deliver(status, rec.body)
-		return idem.RequestIncomplete, status
+		return idemfront.Incomplete, status
 	}
 	var panicErr *idem.PanicError
 	if errors.As(err, &panicErr) && panicErr.Value == http.ErrAbortHandler {
@@ -554,7 +554,7 @@ func (m *Middleware) writeError(x *exchange, op idem.Operation, err error) (idem
 	if a.Kind == idemfront.InFlight || a.Kind == idemfront.StoreUnavailable || a.Kind == idemfront.StepNotSaved {
 		w.Header()["Retry-After"] = m.retryAfter
 	}
-	return a.Kind.Outcome(), writeProblem(w, m.problemFor(a))
+	return a.Kind, writeProblem(w, m.problemFor(a))
 }
 
 // problemFor returns the problem that answers a: the texts that say what

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemfront"
 )
 
 // clockBase anchors the handler's timing: time.Since of a Time that
@@ -35,8 +35,8 @@ func (m *Middleware) serveTraced(w http.ResponseWriter, r *http.Request, next ht
 		_, pattern := mux.Handler(r)
 		route = m.route(r, pattern)
 	}
-	t := requestTrace{ctx: m.tracer.TraceRequestStart(r.Context(), idem.TraceRequestStartData{Method: r.Method, Route: route})}
-	outcome, status := idem.RequestHandlerPanic, 0
+	t := requestTrace{ctx: m.tracer.TraceRequestStart(r.Context(), idemfront.TraceRequestStartData{Method: r.Method, Route: route})}
+	outcome, status := idemfront.Panicked, 0
 	defer func() {
 		if route == unmatched {
 			// The middleware wraps the router: the route is known once
@@ -46,8 +46,8 @@ func (m *Middleware) serveTraced(w http.ResponseWriter, r *http.Request, next ht
 		// Also when a handler's http.ErrAbortHandler is raised again
 		// through the middleware: the request was answered, if at all, by
 		// a broken connection.
-		m.tracer.TraceRequestEnd(t.ctx, idem.TraceRequestEndData{
-			Method: r.Method, Route: route, Outcome: outcome, Status: status,
+		m.tracer.TraceRequestEnd(t.ctx, idemfront.TraceRequestEndData{
+			Method: r.Method, Route: route, Kind: outcome, Status: status,
 			Execution: t.execution, Err: t.err,
 		})
 	}()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemclient"
+	"github.com/idem-go/idem/idemfront"
 	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/internal/fieldtext"
 )
@@ -190,7 +191,7 @@ var (
 	_ idem.StoreTracer        = (*Tracer)(nil)
 	_ idem.LeaseTracer        = (*Tracer)(nil)
 	_ idem.PurgeTracer        = (*Tracer)(nil)
-	_ idem.RequestTracer      = (*Tracer)(nil)
+	_ idemfront.RequestTracer = (*Tracer)(nil)
 	_ ideminbox.MessageTracer = (*Tracer)(nil)
 	_ idemclient.ClientTracer = (*Tracer)(nil)
 )
@@ -247,15 +248,6 @@ func failed(o idem.OperationOutcome) bool {
 	switch o {
 	case idem.OutcomeLeaseLost, idem.OutcomeStoreUnavailable, idem.OutcomeHandlerError, idem.OutcomeHandlerPanic,
 		idem.OutcomeStepNotSaved:
-		return true
-	}
-	return false
-}
-
-func requestFailed(o idem.RequestOutcome) bool {
-	switch o {
-	case idem.RequestLeaseLost, idem.RequestStoreUnavailable, idem.RequestResponseTooLarge, idem.RequestHandlerPanic,
-		idem.RequestReplayFailed, idem.RequestIncomplete, idem.RequestInternalError, idem.RequestStepNotSaved:
 		return true
 	}
 	return false
@@ -411,15 +403,15 @@ func (t *Tracer) TracePurge(ctx context.Context, d idem.TracePurgeData) {
 	span.End(trace.WithTimestamp(end))
 }
 
-// TraceRequestStart implements idem.RequestTracer: a span "idem.request",
+// TraceRequestStart implements idemfront.RequestTracer: a span "idem.request",
 // which the engine's operation reports on and the handler's spans are
 // children of.
-func (t *Tracer) TraceRequestStart(ctx context.Context, d idem.TraceRequestStartData) context.Context {
+func (t *Tracer) TraceRequestStart(ctx context.Context, d idemfront.TraceRequestStartData) context.Context {
 	// Attributes set once the span records: given to Start, they would be
 	// allocated for the spans the sampler drops too.
 	ctx, span := t.tracer.Start(ctx, "idem.request")
 	if span.IsRecording() {
-		span.SetAttributes(KeyMethod.String(idem.RequestMethod(d.Method, d.Protocol)), KeyRoute.String(d.Route))
+		span.SetAttributes(KeyMethod.String(d.MetricMethod()), KeyRoute.String(d.Route))
 		if d.Protocol != "" {
 			span.SetAttributes(KeyRPCSystem.String(rpcSystem(d.Protocol)))
 		}
@@ -427,29 +419,29 @@ func (t *Tracer) TraceRequestStart(ctx context.Context, d idem.TraceRequestStart
 	return &frontCtx{Context: ctx, span: span}
 }
 
-// TraceRequestEnd implements idem.RequestTracer.
-func (t *Tracer) TraceRequestEnd(ctx context.Context, d idem.TraceRequestEndData) {
-	if r := t.route(idem.RequestMethod(d.Method, d.Protocol), d.Route); int(d.Outcome) < len(r.requests) {
-		t.requests.Add(ctx, 1, r.requests[d.Outcome])
+// TraceRequestEnd implements idemfront.RequestTracer.
+func (t *Tracer) TraceRequestEnd(ctx context.Context, d idemfront.TraceRequestEndData) {
+	if r := t.route(d.MetricMethod(), d.Route); int(d.Kind) < len(r.requests) {
+		t.requests.Add(ctx, 1, r.requests[d.Kind])
 		if d.Execution > 0 {
-			t.execution.Record(ctx, d.Execution.Seconds(), r.execution[d.Outcome])
+			t.execution.Record(ctx, d.Execution.Seconds(), r.execution[d.Kind])
 		}
 	}
 	span := trace.SpanFromContext(ctx)
 	if span.IsRecording() {
-		attrs := []attribute.KeyValue{KeyOutcome.String(d.Outcome.String()), KeyRoute.String(d.Route)}
+		attrs := []attribute.KeyValue{KeyOutcome.String(d.Kind.Label()), KeyRoute.String(d.Route)}
 		if d.Status != 0 {
 			attrs = append(attrs, KeyStatus.Int(d.Status))
 		}
-		if d.Outcome != idem.RequestReplayed {
+		if d.Kind != idemfront.Replayed {
 			attrs = append(attrs, KeyReplayed.Bool(false))
 		}
 		span.SetAttributes(attrs...)
-		if requestFailed(d.Outcome) {
+		if d.Kind.Failed() {
 			if d.Err != nil {
 				recordError(span, d.Err)
 			}
-			span.SetStatus(codes.Error, d.Outcome.String())
+			span.SetStatus(codes.Error, d.Kind.Label())
 		}
 	}
 	span.End()
@@ -568,8 +560,8 @@ type routeKey struct{ method, route string }
 
 // routeSets are the attribute sets of one (method, route).
 type routeSets struct {
-	requests  []metric.MeasurementOption // by idem.RequestOutcome
-	execution []metric.MeasurementOption // by idem.RequestOutcome
+	requests  []metric.MeasurementOption // by idemfront.Kind
+	execution []metric.MeasurementOption // by idemfront.Kind
 }
 
 // maxRoutes bounds the routes given attribute sets of their own; the
@@ -585,10 +577,10 @@ func (t *Tracer) route(method, route string) *routeSets {
 		k.route = "other"
 	}
 	return t.routes.get(k, func() *routeSets {
-		n := len(idem.RequestOutcomes()) + 1
+		n := len(idemfront.Kinds()) + 1
 		r := &routeSets{requests: make([]metric.MeasurementOption, n), execution: make([]metric.MeasurementOption, n)}
 		for i := range n {
-			o := idem.RequestOutcome(i).String()
+			o := idemfront.Kind(i).Label()
 			r.requests[i] = metric.WithAttributeSet(attribute.NewSet(KeyOutcome.String(o), KeyMethod.String(k.method), KeyRoute.String(k.route)))
 			r.execution[i] = metric.WithAttributeSet(attribute.NewSet(KeyOutcome.String(o), KeyRoute.String(k.route)))
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemfront"
 )
 
 // base and since read the monotonic clock alone, as the engine and
@@ -25,7 +26,7 @@ func BenchmarkHooksFirstExecution(b *testing.B) {
 	ops := []idem.StoreOperation{idem.StoreClaim, idem.StoreBegin, idem.StoreComplete}
 	b.ReportAllocs()
 	for b.Loop() {
-		rctx := c.TraceRequestStart(ctx, idem.TraceRequestStartData{Method: "POST", Route: "/orders"})
+		rctx := c.TraceRequestStart(ctx, idemfront.TraceRequestStartData{Method: "POST", Route: "/orders"})
 		octx := c.TraceOperationStart(rctx, idem.TraceOperationStartData{Tenant: "acme", Key: "k", Store: "memory"})
 		var handler time.Duration
 		for _, op := range ops {
@@ -37,7 +38,7 @@ func BenchmarkHooksFirstExecution(b *testing.B) {
 			c.TraceStoreEnd(sctx, idem.TraceStoreEndData{Operation: op, Store: "memory", Result: idem.StoreOK, Duration: since() - start})
 		}
 		c.TraceOperationEnd(octx, idem.TraceOperationEndData{Outcome: idem.OutcomeExecuted, Store: "memory", ResponseBytes: 45})
-		c.TraceRequestEnd(rctx, idem.TraceRequestEndData{Method: "POST", Route: "/orders", Outcome: idem.RequestExecuted, Status: 201, Execution: since() - handler})
+		c.TraceRequestEnd(rctx, idemfront.TraceRequestEndData{Method: "POST", Route: "/orders", Kind: idemfront.Executed, Status: 201, Execution: since() - handler})
 	}
 }
 
@@ -48,12 +49,12 @@ func BenchmarkHooksReplay(b *testing.B) {
 	completed := time.Now()
 	b.ReportAllocs()
 	for b.Loop() {
-		rctx := c.TraceRequestStart(ctx, idem.TraceRequestStartData{Method: "POST", Route: "/orders"})
+		rctx := c.TraceRequestStart(ctx, idemfront.TraceRequestStartData{Method: "POST", Route: "/orders"})
 		octx := c.TraceOperationStart(rctx, idem.TraceOperationStartData{Tenant: "acme", Key: "k", Store: "memory"})
 		sctx := c.TraceStoreStart(octx, idem.TraceStoreStartData{Operation: idem.StoreClaim, Store: "memory"})
 		start := since()
 		c.TraceStoreEnd(sctx, idem.TraceStoreEndData{Operation: idem.StoreClaim, Store: "memory", Result: idem.StoreOK, Duration: since() - start})
 		c.TraceOperationEnd(octx, idem.TraceOperationEndData{Outcome: idem.OutcomeReplayed, Store: "memory", ResponseBytes: 45, ReplayAge: time.Since(completed)})
-		c.TraceRequestEnd(rctx, idem.TraceRequestEndData{Method: "POST", Route: "/orders", Outcome: idem.RequestReplayed, Status: 201})
+		c.TraceRequestEnd(rctx, idemfront.TraceRequestEndData{Method: "POST", Route: "/orders", Kind: idemfront.Replayed, Status: 201})
 	}
 }

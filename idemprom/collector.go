@@ -11,6 +11,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemclient"
+	"github.com/idem-go/idem/idemfront"
 	"github.com/idem-go/idem/ideminbox"
 )
 
@@ -122,7 +123,7 @@ var (
 	numOperationOutcomes = len(idem.OperationOutcomes()) + 1
 	numStoreOperations   = len(idem.StoreOperations()) + 1
 	numStoreResults      = len(idem.StoreResults()) + 1
-	numRequestOutcomes   = len(idem.RequestOutcomes()) + 1
+	numRequestKinds   = len(idemfront.Kinds()) + 1
 )
 
 // numInboxActions bounds the values of ideminbox.Action: one series per
@@ -311,10 +312,10 @@ type routeKey struct{ method, route string }
 // histograms are made at their first observation: most outcomes never
 // run a handler, and a histogram is a dozen series.
 type routeChildren struct {
-	requests  []prometheus.Counter // by idem.RequestOutcome
+	requests  []prometheus.Counter // by idemfront.Kind
 	route     string
 	mu        sync.Mutex
-	execution []atomic.Pointer[observer] // by idem.RequestOutcome
+	execution []atomic.Pointer[observer] // by idemfront.Kind
 }
 
 type observer struct{ prometheus.Observer }
@@ -330,18 +331,18 @@ func (c *Collector) route(method, route string) *routeChildren {
 	return c.routes.get(k, func() *routeChildren {
 		c.routeCount.Add(1)
 		r := &routeChildren{
-			requests:  make([]prometheus.Counter, numRequestOutcomes),
+			requests:  make([]prometheus.Counter, numRequestKinds),
 			route:     k.route,
-			execution: make([]atomic.Pointer[observer], numRequestOutcomes),
+			execution: make([]atomic.Pointer[observer], numRequestKinds),
 		}
-		for _, o := range idem.RequestOutcomes() {
-			r.requests[o] = c.requests.WithLabelValues(o.String(), k.method, k.route)
+		for _, o := range idemfront.Kinds() {
+			r.requests[o] = c.requests.WithLabelValues(o.Label(), k.method, k.route)
 		}
 		return r
 	})
 }
 
-func (c *Collector) executionOf(r *routeChildren, o idem.RequestOutcome) prometheus.Observer {
+func (c *Collector) executionOf(r *routeChildren, o idemfront.Kind) prometheus.Observer {
 	if h := r.execution[o].Load(); h != nil {
 		return h.Observer
 	}
@@ -350,7 +351,7 @@ func (c *Collector) executionOf(r *routeChildren, o idem.RequestOutcome) prometh
 	if h := r.execution[o].Load(); h != nil {
 		return h.Observer
 	}
-	h := &observer{c.execution.WithLabelValues(o.String(), r.route)}
+	h := &observer{c.execution.WithLabelValues(o.Label(), r.route)}
 	r.execution[o].Store(h)
 	return h.Observer
 }
@@ -442,22 +443,22 @@ func (c *Collector) TracePurge(_ context.Context, d idem.TracePurgeData) {
 	}
 }
 
-// TraceRequestStart implements idem.RequestTracer.
-func (c *Collector) TraceRequestStart(ctx context.Context, _ idem.TraceRequestStartData) context.Context {
+// TraceRequestStart implements idemfront.RequestTracer.
+func (c *Collector) TraceRequestStart(ctx context.Context, _ idemfront.TraceRequestStartData) context.Context {
 	return ctx
 }
 
-// TraceRequestEnd implements idem.RequestTracer.
-func (c *Collector) TraceRequestEnd(_ context.Context, d idem.TraceRequestEndData) {
-	if int(d.Outcome) >= numRequestOutcomes {
+// TraceRequestEnd implements idemfront.RequestTracer.
+func (c *Collector) TraceRequestEnd(_ context.Context, d idemfront.TraceRequestEndData) {
+	if int(d.Kind) >= numRequestKinds {
 		return
 	}
-	r := c.route(idem.RequestMethod(d.Method, d.Protocol), d.Route)
-	if m := r.requests[d.Outcome]; m != nil {
+	r := c.route(d.MetricMethod(), d.Route)
+	if m := r.requests[d.Kind]; m != nil {
 		m.Inc()
 	}
 	if d.Execution > 0 {
-		c.executionOf(r, d.Outcome).Observe(d.Execution.Seconds())
+		c.executionOf(r, d.Kind).Observe(d.Execution.Seconds())
 	}
 }
 
@@ -496,7 +497,7 @@ var (
 	_ idem.StoreTracer        = (*Collector)(nil)
 	_ idem.LeaseTracer        = (*Collector)(nil)
 	_ idem.PurgeTracer        = (*Collector)(nil)
-	_ idem.RequestTracer      = (*Collector)(nil)
+	_ idemfront.RequestTracer = (*Collector)(nil)
 	_ ideminbox.MessageTracer = (*Collector)(nil)
 	_ idemclient.ClientTracer = (*Collector)(nil)
 	_ prometheus.Collector    = (*Collector)(nil)

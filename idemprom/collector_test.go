@@ -20,6 +20,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemclient"
+	"github.com/idem-go/idem/idemfront"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/idemmem"
@@ -444,7 +445,7 @@ func TestMaxRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		c.TraceRequestEnd(context.Background(), idem.TraceRequestEndData{Method: "POST", Route: fmt.Sprint("/r", i), Outcome: idem.RequestExecuted})
+		c.TraceRequestEnd(context.Background(), idemfront.TraceRequestEndData{Method: "POST", Route: fmt.Sprint("/r", i), Kind: idemfront.Executed})
 	}
 	want(t, metrics(t, reg), map[string]float64{
 		"idem_requests_total{method=POST,outcome=executed,route=/r0}":   1,

@@ -200,7 +200,7 @@ type Core struct {
 	opts    Options
 	headers *idemfront.Headers
 	stored  map[uint32]bool
-	tracer  idem.RequestTracer
+	tracer  idemfront.RequestTracer
 	skip    Skipper
 }
 
@@ -240,7 +240,7 @@ func New(engine *idem.Engine, opts Options) (*Core, error) {
 		}
 		c.stored[code] = true
 	}
-	c.tracer, _ = engine.Config().Tracer.(idem.RequestTracer)
+	c.tracer = idemfront.RequestTracerOf(engine.Config().Tracer)
 	return c, nil
 }
 
@@ -329,16 +329,16 @@ func (c *Core) Serve(caller context.Context, call Call, h Handler) Reply {
 		r, _ := c.serve(caller, call, h, nil)
 		return r
 	}
-	ctx := c.tracer.TraceRequestStart(caller, idem.TraceRequestStartData{Method: "POST", Route: call.Procedure, Protocol: c.opts.Protocol})
+	ctx := c.tracer.TraceRequestStart(caller, idemfront.TraceRequestStartData{Method: "POST", Route: call.Procedure, Protocol: c.opts.Protocol})
 	var t trace
 	r, kind := c.serve(ctx, call, h, &t)
 	code := OK
 	if r.Status != nil {
 		code = uint32(r.Status.Code)
 	}
-	c.tracer.TraceRequestEnd(ctx, idem.TraceRequestEndData{
+	c.tracer.TraceRequestEnd(ctx, idemfront.TraceRequestEndData{
 		Method: "POST", Route: call.Procedure, Protocol: c.opts.Protocol,
-		Outcome: kind.Outcome(), Status: int(code), Execution: t.execution, Err: t.err,
+		Kind: kind, Status: int(code), Execution: t.execution, Err: t.err,
 	})
 	return r
 }
