@@ -4,15 +4,16 @@ import (
 	"context"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemkeys"
 	"github.com/idem-go/idem/internal/keylist"
 )
 
-var _ idem.KeyLister = (*Store)(nil)
+var _ idemkeys.Lister = (*Store)(nil)
 
-// ListKeys implements idem.KeyLister. The store has no index: every page
+// ListKeys implements idemkeys.Lister. The store has no index: every page
 // walks every record, one shard lock at a time, which suits a store held
 // in one process's memory.
-func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, error) {
+func (s *Store) ListKeys(ctx context.Context, p idemkeys.ListParams) (idemkeys.Page, error) {
 	now := s.now()
 	var all []*idem.Record
 	err := s.each(ctx, func(e *entry) {
@@ -22,13 +23,13 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, 
 		}
 	})
 	if err != nil {
-		return idem.KeyPage{}, err
+		return idemkeys.Page{}, err
 	}
 	return keylist.Page(all, p, now)
 }
 
-// KeyStats implements idem.KeyLister, walking every record.
-func (s *Store) KeyStats(ctx context.Context, p idem.StatsParams) (idem.KeyStats, error) {
+// KeyStats implements idemkeys.Lister, walking every record.
+func (s *Store) KeyStats(ctx context.Context, p idemkeys.StatsParams) (idemkeys.Stats, error) {
 	c := keylist.NewCounter(s.now())
 	err := s.each(ctx, func(e *entry) {
 		if p.Tenant == "" || e.rec.Tenant == p.Tenant {
@@ -38,8 +39,8 @@ func (s *Store) KeyStats(ctx context.Context, p idem.StatsParams) (idem.KeyStats
 	return c.Stats(), err
 }
 
-// Forget implements idem.KeyLister.
-func (s *Store) Forget(ctx context.Context, p idem.ForgetParams) error {
+// Forget implements idemkeys.Lister.
+func (s *Store) Forget(ctx context.Context, p idemkeys.ForgetParams) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

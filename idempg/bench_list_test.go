@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemkeys"
 )
 
 // BenchmarkListMillion measures the operators' queries (idem console's
@@ -43,11 +43,11 @@ FROM generate_series(1, $1) AS i, LATERAL (SELECT now() - (i % 86000) * interval
 	if _, err := e.pool.Exec(ctx, `VACUUM ANALYZE idem_keys`); err != nil {
 		b.Fatalf("analyze: %v", err)
 	}
-	lister := idem.KeyLister(e.store)
+	lister := idemkeys.Lister(e.store)
 
 	b.Run("Overview", func(b *testing.B) {
 		for b.Loop() {
-			st, err := lister.KeyStats(ctx, idem.StatsParams{})
+			st, err := lister.KeyStats(ctx, idemkeys.StatsParams{})
 			if err != nil || len(st.Tenants) != 100 {
 				b.Fatalf("KeyStats: %d tenants, %v", len(st.Tenants), err)
 			}
@@ -55,19 +55,19 @@ FROM generate_series(1, $1) AS i, LATERAL (SELECT now() - (i % 86000) * interval
 	})
 	b.Run("OverviewOneTenant", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := lister.KeyStats(ctx, idem.StatsParams{Tenant: "tenant-042"}); err != nil {
+			if _, err := lister.KeyStats(ctx, idemkeys.StatsParams{Tenant: "tenant-042"}); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	for _, c := range []struct {
 		name string
-		p    idem.ListParams
+		p    idemkeys.ListParams
 	}{
-		{"ListTenantInFlight", idem.ListParams{Tenant: "tenant-007", Status: idem.KeyInFlight}},
-		{"ListAbandoned", idem.ListParams{Status: idem.KeyAbandoned}},
-		{"ListTenantPrefix", idem.ListParams{Tenant: "tenant-042", Prefix: "order-1234"}},
-		{"ListTenantComplete", idem.ListParams{Tenant: "tenant-042", Status: idem.KeyComplete}},
+		{"ListTenantInFlight", idemkeys.ListParams{Tenant: "tenant-007", Status: idemkeys.InFlight}},
+		{"ListAbandoned", idemkeys.ListParams{Status: idemkeys.Abandoned}},
+		{"ListTenantPrefix", idemkeys.ListParams{Tenant: "tenant-042", Prefix: "order-1234"}},
+		{"ListTenantComplete", idemkeys.ListParams{Tenant: "tenant-042", Status: idemkeys.Complete}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			// The first page, then the page after it, which starts at a

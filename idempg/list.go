@@ -11,10 +11,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemkeys"
 	"github.com/idem-go/idem/internal/keylist"
 )
 
-var _ idem.KeyLister = (*Store)(nil)
+var _ idemkeys.Lister = (*Store)(nil)
 
 // listColumns reads a listed record: recordColumns without the body.
 const listColumns = `tenant_id, idem_key, fingerprint, state, lease_token, locked_until, storage_mode, status_code,
@@ -22,11 +23,11 @@ const listColumns = `tenant_id, idem_key, fingerprint, state, lease_token, locke
 
 // statusConditions are the statuses on a reading of the database clock,
 // $1. The expired one is Purge's: past retention, no live lease.
-var statusConditions = map[idem.KeyStatus]string{
-	idem.KeyInFlight:  `state = 'in_flight' AND locked_until > $1`,
-	idem.KeyAbandoned: `state = 'in_flight' AND locked_until <= $1 AND expires_at > $1`,
-	idem.KeyComplete:  `state = 'complete' AND expires_at > $1`,
-	idem.KeyExpired:   `expires_at <= $1 AND (state = 'complete' OR locked_until <= $1)`,
+var statusConditions = map[idemkeys.Status]string{
+	idemkeys.InFlight:  `state = 'in_flight' AND locked_until > $1`,
+	idemkeys.Abandoned: `state = 'in_flight' AND locked_until <= $1 AND expires_at > $1`,
+	idemkeys.Complete:  `state = 'complete' AND expires_at > $1`,
+	idemkeys.Expired:   `expires_at <= $1 AND (state = 'complete' OR locked_until <= $1)`,
 }
 
 func (s *Store) clock(ctx context.Context) (time.Time, error) {
@@ -44,23 +45,23 @@ func scanListed(row pgx.Row) (*idem.Record, error) {
 	return r.record(tenant, key)
 }
 
-// ListKeys implements idem.KeyLister. Every page is one statement that
+// ListKeys implements idemkeys.Lister. Every page is one statement that
 // walks idem_keys_tenant_created_idx from the cursor (a row comparison,
 // which PostgreSQL turns into the start of an index range) and stops
 // after Limit+1 matching rows; with a tenant the walk is a range of that
 // tenant's entries. The status, the prefix and the time range are
 // checked on the rows it meets.
-func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, error) {
+func (s *Store) ListKeys(ctx context.Context, p idemkeys.ListParams) (idemkeys.Page, error) {
 	if err := keylist.CheckStatus(p.Status); err != nil {
-		return idem.KeyPage{}, err
+		return idemkeys.Page{}, err
 	}
 	cur, hasCur, err := keylist.Decode(p.After)
 	if err != nil {
-		return idem.KeyPage{}, err
+		return idemkeys.Page{}, err
 	}
 	now, err := s.clock(ctx)
 	if err != nil {
-		return idem.KeyPage{}, interpretError(err)
+		return idemkeys.Page{}, interpretError(err)
 	}
 	limit := keylist.Limit(p)
 	var args []any
@@ -93,19 +94,19 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, 
 		` ORDER BY tenant_id, created_at, idem_key LIMIT ` + arg(limit+1)
 	rows, err := s.pool.Query(ctx, q, args...)
 	if err != nil {
-		return idem.KeyPage{}, interpretError(err)
+		return idemkeys.Page{}, interpretError(err)
 	}
 	defer rows.Close()
 	var recs []*idem.Record
 	for rows.Next() {
 		rec, err := scanListed(rows)
 		if err != nil {
-			return idem.KeyPage{}, fmt.Errorf("idempg: list: %w", err)
+			return idemkeys.Page{}, fmt.Errorf("idempg: list: %w", err)
 		}
 		recs = append(recs, rec)
 	}
 	if err := rows.Err(); err != nil {
-		return idem.KeyPage{}, interpretError(err)
+		return idemkeys.Page{}, interpretError(err)
 	}
 	return keylist.Cut(recs, limit, now), nil
 }
@@ -119,7 +120,7 @@ var (
 	sampleRows     float64 = 20_000
 )
 
-// KeyStats implements idem.KeyLister.
+// KeyStats implements idemkeys.Lister.
 //
 // For one tenant the counts are exact: one statement reads the tenant's
 // range of idem_keys_tenant_created_idx once and counts it by status and
@@ -133,11 +134,11 @@ var (
 // idem_keys_expires_at_idx (the one whose retention ends first: the
 // oldest claim when the routes share one retention), a walk bounded at
 // maxOldestWalk entries.
-func (s *Store) KeyStats(ctx context.Context, p idem.StatsParams) (idem.KeyStats, error) {
+func (s *Store) KeyStats(ctx context.Context, p idemkeys.StatsParams) (idemkeys.Stats, error) {
 	var now time.Time
 	var estimate float64
 	if err := s.pool.QueryRow(ctx, `SELECT now(), (SELECT reltuples FROM pg_class WHERE oid = 'idem_keys'::regclass)`).Scan(&now, &estimate); err != nil {
-		return idem.KeyStats{}, interpretError(err)
+		return idemkeys.Stats{}, interpretError(err)
 	}
 	c := keylist.NewCounter(now)
 	if p.Tenant == "" && estimate > exactStatsRows {
@@ -150,15 +151,15 @@ func (s *Store) KeyStats(ctx context.Context, p idem.StatsParams) (idem.KeyStats
 	if p.Tenant != "" {
 		from, args = `idem_keys WHERE tenant_id = $3`, append(args, p.Tenant)
 	}
-	count := func(status idem.KeyStatus) string {
+	count := func(status idemkeys.Status) string {
 		return `count(*) FILTER (WHERE ` + statusConditions[status] + `)`
 	}
 	// One pass (the CTE is read once), three groupings: by tenant, by hour
 	// of claim, by hour of completion.
 	rows, err := s.pool.Query(ctx, `WITH r AS MATERIALIZED (
 	SELECT tenant_id, state, locked_until, created_at, completed_at, expires_at FROM `+from+`)
-SELECT 0, tenant_id, 0::bigint, `+count(idem.KeyInFlight)+`, `+count(idem.KeyAbandoned)+`, `+
-		count(idem.KeyComplete)+`, `+count(idem.KeyExpired)+`, min(created_at) FILTER (WHERE state = 'in_flight')
+SELECT 0, tenant_id, 0::bigint, `+count(idemkeys.InFlight)+`, `+count(idemkeys.Abandoned)+`, `+
+		count(idemkeys.Complete)+`, `+count(idemkeys.Expired)+`, min(created_at) FILTER (WHERE state = 'in_flight')
 FROM r GROUP BY tenant_id
 UNION ALL
 SELECT 1, '', floor(extract(epoch FROM created_at) / 3600)::bigint, count(*), 0, 0, 0, NULL
@@ -167,19 +168,19 @@ UNION ALL
 SELECT 2, '', floor(extract(epoch FROM completed_at) / 3600)::bigint, count(*), 0, 0, 0, NULL
 FROM r WHERE completed_at >= $2 GROUP BY 3`, args...)
 	if err != nil {
-		return idem.KeyStats{}, interpretError(err)
+		return idemkeys.Stats{}, interpretError(err)
 	}
 	var oldestTenant string
 	var oldestAt time.Time
 	for rows.Next() {
 		var kind int
-		var tc idem.TenantCounts
+		var tc idemkeys.TenantCounts
 		var hour int64
 		var n [4]int64
 		var oldest *time.Time
 		if err := rows.Scan(&kind, &tc.Tenant, &hour, &n[0], &n[1], &n[2], &n[3], &oldest); err != nil {
 			rows.Close()
-			return idem.KeyStats{}, fmt.Errorf("idempg: stats: %w", err)
+			return idemkeys.Stats{}, fmt.Errorf("idempg: stats: %w", err)
 		}
 		switch kind {
 		case 0:
@@ -196,7 +197,7 @@ FROM r WHERE completed_at >= $2 GROUP BY 3`, args...)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return idem.KeyStats{}, interpretError(err)
+		return idemkeys.Stats{}, interpretError(err)
 	}
 
 	if !oldestAt.IsZero() {
@@ -206,7 +207,7 @@ WHERE tenant_id = $1 AND created_at = $2 AND state = 'in_flight' ORDER BY idem_k
 		case err == nil:
 			c.SetOldest(rec)
 		case !errors.Is(err, pgx.ErrNoRows): // completed in between: none to show
-			return idem.KeyStats{}, interpretError(err)
+			return idemkeys.Stats{}, interpretError(err)
 		}
 	}
 	return c.Stats(), nil
@@ -219,12 +220,12 @@ const maxOldestWalk = 100_000
 // sampledStats counts a sample of the table's pages in Go (measured
 // faster, on a busy machine, than aggregating the sample in SQL three
 // ways) and scales it up.
-func (s *Store) sampledStats(ctx context.Context, c *keylist.Counter, now time.Time, estimate float64) (idem.KeyStats, error) {
+func (s *Store) sampledStats(ctx context.Context, c *keylist.Counter, now time.Time, estimate float64) (idemkeys.Stats, error) {
 	pct := min(100, 100*sampleRows/estimate)
 	rows, err := s.pool.Query(ctx, `SELECT tenant_id, state, locked_until, created_at, completed_at, expires_at
 FROM idem_keys TABLESAMPLE SYSTEM (`+strconv.FormatFloat(pct, 'f', 4, 64)+`)`)
 	if err != nil {
-		return idem.KeyStats{}, interpretError(err)
+		return idemkeys.Stats{}, interpretError(err)
 	}
 	for rows.Next() {
 		var rec idem.Record
@@ -232,7 +233,7 @@ FROM idem_keys TABLESAMPLE SYSTEM (`+strconv.FormatFloat(pct, 'f', 4, 64)+`)`)
 		var completed *time.Time
 		if err := rows.Scan(&rec.Tenant, &state, &rec.LockedUntil, &rec.CreatedAt, &completed, &rec.ExpiresAt); err != nil {
 			rows.Close()
-			return idem.KeyStats{}, fmt.Errorf("idempg: stats: %w", err)
+			return idemkeys.Stats{}, fmt.Errorf("idempg: stats: %w", err)
 		}
 		rec.State = idem.State(state)
 		if completed != nil {
@@ -242,7 +243,7 @@ FROM idem_keys TABLESAMPLE SYSTEM (`+strconv.FormatFloat(pct, 'f', 4, 64)+`)`)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return idem.KeyStats{}, interpretError(err)
+		return idemkeys.Stats{}, interpretError(err)
 	}
 	// The oldest in flight of the sample is not the oldest of the table.
 	c.SetOldest(nil)
@@ -253,7 +254,7 @@ FROM idem_keys TABLESAMPLE SYSTEM (`+strconv.FormatFloat(pct, 'f', 4, 64)+`)`)
 	case err == nil:
 		c.SetOldest(rec)
 	case !errors.Is(err, pgx.ErrNoRows):
-		return idem.KeyStats{}, interpretError(err)
+		return idemkeys.Stats{}, interpretError(err)
 	}
 	st := c.Stats()
 	st.Estimated = true
@@ -271,9 +272,9 @@ FROM idem_keys TABLESAMPLE SYSTEM (`+strconv.FormatFloat(pct, 'f', 4, 64)+`)`)
 
 func scaled(n int, by float64) int { return int(float64(n)*by + 0.5) }
 
-// Forget implements idem.KeyLister: one DELETE, fenced by the token and
+// Forget implements idemkeys.Lister: one DELETE, fenced by the token and
 // the complete state.
-func (s *Store) Forget(ctx context.Context, p idem.ForgetParams) error {
+func (s *Store) Forget(ctx context.Context, p idemkeys.ForgetParams) error {
 	tag, err := s.pool.Exec(ctx, `DELETE FROM idem_keys
 WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'complete'`, p.Tenant, p.Key, p.Token)
 	if err != nil {

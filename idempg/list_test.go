@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemkeys"
 	"github.com/idem-go/idem/idempg"
 )
 
@@ -28,7 +28,7 @@ FROM generate_series(1, 20000) AS i, LATERAL (SELECT now() - CASE WHEN i = 5000 
 		t.Fatal(err)
 	}
 	defer idempg.SetStatsSampling(1000, 5000)()
-	st, err := e.store.KeyStats(ctx, idem.StatsParams{})
+	st, err := e.store.KeyStats(ctx, idemkeys.StatsParams{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ FROM generate_series(1, 20000) AS i, LATERAL (SELECT now() - CASE WHEN i = 5000 
 	if st.OldestInFlight == nil || st.OldestInFlight.Key != "k5000" {
 		t.Errorf("oldest in flight: %+v, want k5000", st.OldestInFlight)
 	}
-	exact, err := e.store.KeyStats(ctx, idem.StatsParams{Tenant: "tenant-0"})
+	exact, err := e.store.KeyStats(ctx, idemkeys.StatsParams{Tenant: "tenant-0"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,10 +11,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemkeys"
 	"github.com/idem-go/idem/internal/keylist"
 )
 
-var _ idem.KeyLister = (*Store)(nil)
+var _ idemkeys.Lister = (*Store)(nil)
 
 // MaxListed bounds what ListKeys and KeyStats read: Redis has no index of
 // the records, so each call walks the keyspace with SCAN, matching the
@@ -29,31 +30,31 @@ const MaxListed = 100_000
 var listFields = []string{"tenant", "key", "fingerprint", "state", "token", "locked_until",
 	"created_at", "expires_at", "completed_at", "mode", "status", "header", "reference"}
 
-// ListKeys implements idem.KeyLister. It costs a SCAN of the whole
+// ListKeys implements idemkeys.Lister. It costs a SCAN of the whole
 // keyspace (every server's, on a Cluster) and one HMGET per matching
 // record, pipelined, then sorts the matches: fine for thousands of
 // records, slow for millions. The tenant and the prefix narrow what the
 // server returns, not what it walks. See MaxListed.
-func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, error) {
+func (s *Store) ListKeys(ctx context.Context, p idemkeys.ListParams) (idemkeys.Page, error) {
 	if err := keylist.CheckStatus(p.Status); err != nil {
-		return idem.KeyPage{}, err
+		return idemkeys.Page{}, err
 	}
 	if _, _, err := keylist.Decode(p.After); err != nil {
-		return idem.KeyPage{}, err
+		return idemkeys.Page{}, err
 	}
 	now, recs, err := s.scanRecords(ctx, p.Tenant, p.Prefix)
 	if err != nil {
-		return idem.KeyPage{}, err
+		return idemkeys.Page{}, err
 	}
 	return keylist.Page(recs, p, now)
 }
 
-// KeyStats implements idem.KeyLister at the cost of ListKeys. Records past
+// KeyStats implements idemkeys.Lister at the cost of ListKeys. Records past
 // their retention are deleted by Redis itself: none is ever expired.
-func (s *Store) KeyStats(ctx context.Context, p idem.StatsParams) (idem.KeyStats, error) {
+func (s *Store) KeyStats(ctx context.Context, p idemkeys.StatsParams) (idemkeys.Stats, error) {
 	now, recs, err := s.scanRecords(ctx, p.Tenant, "")
 	if err != nil {
-		return idem.KeyStats{}, err
+		return idemkeys.Stats{}, err
 	}
 	c := keylist.NewCounter(now)
 	for _, rec := range recs {
@@ -73,8 +74,8 @@ redis.call('DEL', KEYS[1])
 return 1
 `)
 
-// Forget implements idem.KeyLister, in one script.
-func (s *Store) Forget(ctx context.Context, p idem.ForgetParams) error {
+// Forget implements idemkeys.Lister, in one script.
+func (s *Store) Forget(ctx context.Context, p idemkeys.ForgetParams) error {
 	n, err := s.run(ctx, forgetScript, s.key(p.Tenant, p.Key), strconv.FormatInt(p.Token, 10)).Int()
 	if err != nil {
 		return fmt.Errorf("idemredis: forget: %w", err)

@@ -9,10 +9,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemkeys"
 	"github.com/idem-go/idem/internal/keylist"
 )
 
-var _ idem.KeyLister = (*Store)(nil)
+var _ idemkeys.Lister = (*Store)(nil)
 
 // listColumns is recordColumns without the body and the steps, which a
 // listed record does not carry: a page reads no large column.
@@ -22,11 +23,11 @@ const listColumns = `tenant_id, idem_key, fingerprint, state, lease_token, locke
 
 // The statuses as conditions on a reading of the store's clock, @now.
 // The expired one is Purge's: past retention, no live lease.
-var statusConditions = map[idem.KeyStatus]string{
-	idem.KeyInFlight:  `state = 'in_flight' AND locked_until > @now`,
-	idem.KeyAbandoned: `state = 'in_flight' AND locked_until <= @now AND expires_at > @now`,
-	idem.KeyComplete:  `state = 'complete' AND expires_at > @now`,
-	idem.KeyExpired:   `expires_at <= @now AND (state = 'complete' OR locked_until <= @now)`,
+var statusConditions = map[idemkeys.Status]string{
+	idemkeys.InFlight:  `state = 'in_flight' AND locked_until > @now`,
+	idemkeys.Abandoned: `state = 'in_flight' AND locked_until <= @now AND expires_at > @now`,
+	idemkeys.Complete:  `state = 'complete' AND expires_at > @now`,
+	idemkeys.Expired:   `expires_at <= @now AND (state = 'complete' OR locked_until <= @now)`,
 }
 
 // style is how the dialect spells parameters.
@@ -50,22 +51,22 @@ func (d *dialect) timeArg(t time.Time) any { return d.timeValue(t) }
 // time zone in the way.
 func (d *dialect) hourOf(col string) string { return d.hourSQL(col) }
 
-// ListKeys implements idem.KeyLister. Every page is one statement that
+// ListKeys implements idemkeys.Lister. Every page is one statement that
 // walks idem_keys_tenant_created_idx from the cursor and stops after
 // Limit+1 matching rows; with a tenant the walk is a range of that
 // tenant's entries. The status, the prefix and the time range are checked
 // on the rows it meets.
-func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, error) {
+func (s *Store) ListKeys(ctx context.Context, p idemkeys.ListParams) (idemkeys.Page, error) {
 	if err := keylist.CheckStatus(p.Status); err != nil {
-		return idem.KeyPage{}, err
+		return idemkeys.Page{}, err
 	}
 	cur, hasCur, err := keylist.Decode(p.After)
 	if err != nil {
-		return idem.KeyPage{}, err
+		return idemkeys.Page{}, err
 	}
 	now, err := s.clock(ctx)
 	if err != nil {
-		return idem.KeyPage{}, fmt.Errorf("idemsql: list: %w", err)
+		return idemkeys.Page{}, fmt.Errorf("idemsql: list: %w", err)
 	}
 	limit := keylist.Limit(p)
 	args := map[string]any{"now": s.d.timeArg(now), "limit": int64(limit + 1)}
@@ -103,31 +104,31 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) (idem.KeyPage, 
 ORDER BY tenant_id, created_at, idem_key LIMIT @limit`, s.d.style())
 	rows, err := s.db.QueryContext(ctx, q.text, q.args(args)...)
 	if err != nil {
-		return idem.KeyPage{}, fmt.Errorf("idemsql: list: %w", err)
+		return idemkeys.Page{}, fmt.Errorf("idemsql: list: %w", err)
 	}
 	defer rows.Close()
 	var recs []*idem.Record
 	for rows.Next() {
 		rec, _, err := scanRecord(s.d, rows)
 		if err != nil {
-			return idem.KeyPage{}, fmt.Errorf("idemsql: list: %w", err)
+			return idemkeys.Page{}, fmt.Errorf("idemsql: list: %w", err)
 		}
 		recs = append(recs, rec)
 	}
 	if err := rows.Err(); err != nil {
-		return idem.KeyPage{}, fmt.Errorf("idemsql: list: %w", err)
+		return idemkeys.Page{}, fmt.Errorf("idemsql: list: %w", err)
 	}
 	return keylist.Cut(recs, limit, now), nil
 }
 
-// KeyStats implements idem.KeyLister in three statements: the counts of
+// KeyStats implements idemkeys.Lister in three statements: the counts of
 // each tenant (one pass over the table, or over the tenant's index range),
 // the claims and completions by hour since 24 hours ago, and the oldest
 // record in flight, read through idem_keys_tenant_created_idx.
-func (s *Store) KeyStats(ctx context.Context, p idem.StatsParams) (idem.KeyStats, error) {
+func (s *Store) KeyStats(ctx context.Context, p idemkeys.StatsParams) (idemkeys.Stats, error) {
 	now, err := s.clock(ctx)
 	if err != nil {
-		return idem.KeyStats{}, fmt.Errorf("idemsql: stats: %w", err)
+		return idemkeys.Stats{}, fmt.Errorf("idemsql: stats: %w", err)
 	}
 	c := keylist.NewCounter(now)
 	first := keylist.HoursStart(now)
@@ -136,17 +137,17 @@ func (s *Store) KeyStats(ctx context.Context, p idem.StatsParams) (idem.KeyStats
 	if p.Tenant != "" {
 		tenantIs = ` AND tenant_id = @tenant`
 	}
-	sum := func(status idem.KeyStatus) string {
+	sum := func(status idemkeys.Status) string {
 		return `SUM(CASE WHEN ` + statusConditions[status] + ` THEN 1 ELSE 0 END)`
 	}
-	counts := compile(`SELECT tenant_id, `+sum(idem.KeyInFlight)+`, `+sum(idem.KeyAbandoned)+`, `+
-		sum(idem.KeyComplete)+`, `+sum(idem.KeyExpired)+`,
+	counts := compile(`SELECT tenant_id, `+sum(idemkeys.InFlight)+`, `+sum(idemkeys.Abandoned)+`, `+
+		sum(idemkeys.Complete)+`, `+sum(idemkeys.Expired)+`,
     MIN(CASE WHEN state = 'in_flight' THEN created_at END)
 FROM idem_keys WHERE 1 = 1`+tenantIs+` GROUP BY tenant_id`, s.d.style())
 	var oldestTenant string
 	var oldestAt time.Time
 	err = s.each(ctx, counts, args, func(rows *sql.Rows) error {
-		var tc idem.TenantCounts
+		var tc idemkeys.TenantCounts
 		var n [4]int64
 		oldest := dbTime{utcWall: s.d.utcWall}
 		if err := rows.Scan(&tc.Tenant, &n[0], &n[1], &n[2], &n[3], &oldest); err != nil {
@@ -160,7 +161,7 @@ FROM idem_keys WHERE 1 = 1`+tenantIs+` GROUP BY tenant_id`, s.d.style())
 		return nil
 	})
 	if err != nil {
-		return idem.KeyStats{}, fmt.Errorf("idemsql: stats: %w", err)
+		return idemkeys.Stats{}, fmt.Errorf("idemsql: stats: %w", err)
 	}
 
 	hours := compile(`SELECT h, SUM(c), SUM(d) FROM (
@@ -177,7 +178,7 @@ FROM idem_keys WHERE 1 = 1`+tenantIs+` GROUP BY tenant_id`, s.d.style())
 		return nil
 	})
 	if err != nil {
-		return idem.KeyStats{}, fmt.Errorf("idemsql: stats: %w", err)
+		return idemkeys.Stats{}, fmt.Errorf("idemsql: stats: %w", err)
 	}
 
 	if !oldestAt.IsZero() {
@@ -189,7 +190,7 @@ WHERE tenant_id = @tenant AND created_at = @at AND state = 'in_flight' ORDER BY 
 		case err == nil:
 			c.SetOldest(rec)
 		case err != sql.ErrNoRows: // completed in between: none to show
-			return idem.KeyStats{}, fmt.Errorf("idemsql: stats: %w", err)
+			return idemkeys.Stats{}, fmt.Errorf("idemsql: stats: %w", err)
 		}
 	}
 	return c.Stats(), nil
@@ -210,9 +211,9 @@ func (s *Store) each(ctx context.Context, q query, args map[string]any, fn func(
 	return rows.Err()
 }
 
-// Forget implements idem.KeyLister: one DELETE, fenced by the token and
+// Forget implements idemkeys.Lister: one DELETE, fenced by the token and
 // the complete state.
-func (s *Store) Forget(ctx context.Context, p idem.ForgetParams) error {
+func (s *Store) Forget(ctx context.Context, p idemkeys.ForgetParams) error {
 	q := compile(`DELETE FROM idem_keys
 WHERE tenant_id = @tenant AND idem_key = @key AND lease_token = @token AND state = 'complete'`, s.d.style())
 	var n int64

@@ -19,7 +19,7 @@
 // Each area of the contract lives in its own file and runs as a subtest of
 // Exercise: Claim, Fencing, Lease, Retention, Purge, Tenants, Bodies,
 // Transactions, Engine, Steps, Wait, StoreErrors and Listing (run when the
-// store implements idem.KeyLister), so that `go test -run
+// store implements idemkeys.Lister), so that `go test -run
 // TestConformance/Lease` runs one. Inside an area the cases run in
 // parallel, each under tenants of its own, so fixtures may share one
 // database. The areas run one after the other, and the Purge cases alone:

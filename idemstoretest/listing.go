@@ -8,20 +8,21 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemkeys"
 )
 
 // listing: operators list, count, release and forget records
-// (idem.KeyLister), each status judged by the store's clock, a page
+// (idemkeys.Lister), each status judged by the store's clock, a page
 // after another without a record lost or repeated.
 func (s *suite) listing(t *testing.T) {
-	if _, ok := s.newFixture(t).Store.(idem.KeyLister); !ok {
-		t.Skip("the store does not implement idem.KeyLister")
+	if _, ok := s.newFixture(t).Store.(idemkeys.Lister); !ok {
+		t.Skip("the store does not implement idemkeys.Lister")
 	}
-	lister := func(h *harness) idem.KeyLister { return h.fx.Store.(idem.KeyLister) }
+	lister := func(h *harness) idemkeys.Lister { return h.fx.Store.(idemkeys.Lister) }
 
 	s.parallel(t, "Statuses", func(h *harness) {
 		st := h.fx.Store
-		want := map[idem.KeyStatus][]string{}
+		want := map[idemkeys.Status][]string{}
 		// Claimed first, so that its end of lease and retention are
 		// behind by the time the sleep below is over.
 		p := h.params("expired", nil)
@@ -29,31 +30,31 @@ func (s *suite) listing(t *testing.T) {
 		h.mustWin(st, p)
 		h.mustComplete(st, p.Key, p.Token, idem.Result{Status: 201})
 		if !h.caps.SelfExpiring {
-			want[idem.KeyExpired] = []string{p.Key}
+			want[idemkeys.Expired] = []string{p.Key}
 		}
 		p = h.params("abandoned", nil)
 		p.Lease = shortLease
 		h.mustWin(st, p)
-		want[idem.KeyAbandoned] = []string{p.Key}
+		want[idemkeys.Abandoned] = []string{p.Key}
 		sleepPast(h.t, time.Now(), shortLease)
 
 		h.mustWin(st, h.params("in-flight", nil))
-		want[idem.KeyInFlight] = []string{"in-flight"}
+		want[idemkeys.InFlight] = []string{"in-flight"}
 		p = h.params("complete", nil)
 		h.mustWin(st, p)
 		h.mustComplete(st, p.Key, p.Token, idem.Result{Status: 200, Body: []byte("the body")})
-		want[idem.KeyComplete] = []string{"complete"}
+		want[idemkeys.Complete] = []string{"complete"}
 
-		for _, status := range []idem.KeyStatus{idem.KeyInFlight, idem.KeyAbandoned, idem.KeyComplete, idem.KeyExpired} {
-			page, err := lister(h).ListKeys(h.ctx, idem.ListParams{Tenant: h.tenant, Status: status})
+		for _, status := range []idemkeys.Status{idemkeys.InFlight, idemkeys.Abandoned, idemkeys.Complete, idemkeys.Expired} {
+			page, err := lister(h).ListKeys(h.ctx, idemkeys.ListParams{Tenant: h.tenant, Status: status})
 			if err != nil {
 				h.t.Fatalf("ListKeys(%s): %v", status, err)
 			}
 			var got []string
 			for _, rec := range page.Records {
 				got = append(got, rec.Key)
-				if rec.Status(page.Now) != status {
-					h.t.Errorf("ListKeys(%s) returned %q, whose status at the page's Now is %s", status, rec.Key, rec.Status(page.Now))
+				if idemkeys.StatusOf(rec, page.Now) != status {
+					h.t.Errorf("ListKeys(%s) returned %q, whose status at the page's Now is %s", status, rec.Key, idemkeys.StatusOf(rec, page.Now))
 				}
 				if rec.Result.Body != nil {
 					h.t.Errorf("ListKeys returned %q with its body; a listed record carries none", rec.Key)
@@ -67,11 +68,11 @@ func (s *suite) listing(t *testing.T) {
 			}
 		}
 
-		stats, err := lister(h).KeyStats(h.ctx, idem.StatsParams{Tenant: h.tenant})
+		stats, err := lister(h).KeyStats(h.ctx, idemkeys.StatsParams{Tenant: h.tenant})
 		if err != nil {
 			h.t.Fatalf("KeyStats: %v", err)
 		}
-		wantCounts := idem.TenantCounts{Tenant: h.tenant, InFlight: 1, Abandoned: 1, Complete: 1, Expired: len(want[idem.KeyExpired])}
+		wantCounts := idemkeys.TenantCounts{Tenant: h.tenant, InFlight: 1, Abandoned: 1, Complete: 1, Expired: len(want[idemkeys.Expired])}
 		if len(stats.Tenants) != 1 || stats.Tenants[0] != wantCounts {
 			h.t.Errorf("KeyStats(%q).Tenants = %+v, want [%+v]", h.tenant, stats.Tenants, wantCounts)
 		}
@@ -92,8 +93,8 @@ func (s *suite) listing(t *testing.T) {
 		if last := stats.Hours[23].Start; stats.Now.Before(last) || !stats.Now.Before(last.Add(time.Hour)) {
 			h.t.Errorf("the last hour starts at %s; Now %s is not in it", last, stats.Now)
 		}
-		if wantClaims := 3 + len(want[idem.KeyExpired]); claims != wantClaims || completions != 1+len(want[idem.KeyExpired]) {
-			h.t.Errorf("KeyStats.Hours count %d claims and %d completions, want %d and %d", claims, completions, wantClaims, 1+len(want[idem.KeyExpired]))
+		if wantClaims := 3 + len(want[idemkeys.Expired]); claims != wantClaims || completions != 1+len(want[idemkeys.Expired]) {
+			h.t.Errorf("KeyStats.Hours count %d claims and %d completions, want %d and %d", claims, completions, wantClaims, 1+len(want[idemkeys.Expired]))
 		}
 	})
 
@@ -113,7 +114,7 @@ func (s *suite) listing(t *testing.T) {
 		var got []string
 		var after string
 		for pages := 1; ; pages++ {
-			page, err := lister(h).ListKeys(h.ctx, idem.ListParams{Tenant: h.tenant, Prefix: "order-", Limit: 3, After: after})
+			page, err := lister(h).ListKeys(h.ctx, idemkeys.ListParams{Tenant: h.tenant, Prefix: "order-", Limit: 3, After: after})
 			if err != nil {
 				h.t.Fatalf("ListKeys page %d: %v", pages, err)
 			}
@@ -143,24 +144,24 @@ func (s *suite) listing(t *testing.T) {
 		}
 
 		// A time range that ends before every claim lists nothing.
-		page, err := lister(h).ListKeys(h.ctx, idem.ListParams{Tenant: h.tenant, CreatedBefore: time.Now().Add(-time.Hour)})
+		page, err := lister(h).ListKeys(h.ctx, idemkeys.ListParams{Tenant: h.tenant, CreatedBefore: time.Now().Add(-time.Hour)})
 		if err != nil {
 			h.t.Fatalf("ListKeys(CreatedBefore): %v", err)
 		}
 		if len(page.Records) != 0 {
 			h.t.Errorf("ListKeys(CreatedBefore an hour ago) returned %d records claimed just now", len(page.Records))
 		}
-		page, err = lister(h).ListKeys(h.ctx, idem.ListParams{Tenant: h.tenant, CreatedFrom: time.Now().Add(-time.Hour), Limit: 100})
+		page, err = lister(h).ListKeys(h.ctx, idemkeys.ListParams{Tenant: h.tenant, CreatedFrom: time.Now().Add(-time.Hour), Limit: 100})
 		if err != nil {
 			h.t.Fatalf("ListKeys(CreatedFrom): %v", err)
 		}
 		if len(page.Records) != 8 {
 			h.t.Errorf("ListKeys(CreatedFrom an hour ago) returned %d records, want 8", len(page.Records))
 		}
-		if _, err := lister(h).ListKeys(h.ctx, idem.ListParams{After: "not a cursor"}); err == nil {
+		if _, err := lister(h).ListKeys(h.ctx, idemkeys.ListParams{After: "not a cursor"}); err == nil {
 			h.t.Error("ListKeys accepted a cursor it never wrote")
 		}
-		if _, err := lister(h).ListKeys(h.ctx, idem.ListParams{Status: "stuck"}); err == nil {
+		if _, err := lister(h).ListKeys(h.ctx, idemkeys.ListParams{Status: "stuck"}); err == nil {
 			h.t.Error("ListKeys accepted an unknown status")
 		}
 	})
@@ -169,7 +170,7 @@ func (s *suite) listing(t *testing.T) {
 		st := h.fx.Store
 		p := h.params("stuck", fingerprint("a"))
 		h.mustWin(st, p)
-		page, err := lister(h).ListKeys(h.ctx, idem.ListParams{Tenant: h.tenant, Status: idem.KeyInFlight})
+		page, err := lister(h).ListKeys(h.ctx, idemkeys.ListParams{Tenant: h.tenant, Status: idemkeys.InFlight})
 		if err != nil || len(page.Records) != 1 {
 			h.t.Fatalf("ListKeys(in_flight) = %d records, %v; want the one claimed", len(page.Records), err)
 		}
@@ -193,20 +194,20 @@ func (s *suite) listing(t *testing.T) {
 		st := h.fx.Store
 		p := h.params("done", fingerprint("a"))
 		h.mustWin(st, p)
-		if err := lister(h).Forget(h.ctx, idem.ForgetParams{Tenant: h.tenant, Key: "done", Token: p.Token}); !errors.Is(err, idem.ErrNotFound) {
+		if err := lister(h).Forget(h.ctx, idemkeys.ForgetParams{Tenant: h.tenant, Key: "done", Token: p.Token}); !errors.Is(err, idem.ErrNotFound) {
 			h.t.Errorf("Forget of a key in flight: %v, want ErrNotFound", err)
 		}
 		h.mustBeInFlight(st, "done", p.Token)
 		h.mustComplete(st, "done", p.Token, idem.Result{Status: 201})
-		if err := lister(h).Forget(h.ctx, idem.ForgetParams{Tenant: h.tenant, Key: "done", Token: p.Token + 1}); !errors.Is(err, idem.ErrNotFound) {
+		if err := lister(h).Forget(h.ctx, idemkeys.ForgetParams{Tenant: h.tenant, Key: "done", Token: p.Token + 1}); !errors.Is(err, idem.ErrNotFound) {
 			h.t.Errorf("Forget under another token: %v, want ErrNotFound", err)
 		}
-		if err := lister(h).Forget(h.ctx, idem.ForgetParams{Tenant: h.tenant, Key: "done", Token: p.Token}); err != nil {
+		if err := lister(h).Forget(h.ctx, idemkeys.ForgetParams{Tenant: h.tenant, Key: "done", Token: p.Token}); err != nil {
 			h.t.Fatalf("Forget: %v", err)
 		}
 		h.mustBeAbsent(st, "done")
 		h.mustWin(st, h.params("done", fingerprint("a")))
-		if err := lister(h).Forget(h.ctx, idem.ForgetParams{Tenant: h.tenant, Key: "never", Token: 1}); !errors.Is(err, idem.ErrNotFound) {
+		if err := lister(h).Forget(h.ctx, idemkeys.ForgetParams{Tenant: h.tenant, Key: "never", Token: 1}); !errors.Is(err, idem.ErrNotFound) {
 			h.t.Errorf("Forget of an absent key: %v, want ErrNotFound", err)
 		}
 	})

@@ -1,4 +1,4 @@
-// Package keylist holds what the stores share to implement idem.KeyLister:
+// Package keylist holds what the stores share to implement idemkeys.Lister:
 // the cursor of a page, the bounds of a limit, the filter as a predicate
 // for the stores that filter in Go (idemmem, idemredis), and the
 // arrangement of the counts.
@@ -14,16 +14,17 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemkeys"
 )
 
-// DefaultLimit and MaxLimit bound idem.ListParams.Limit.
+// DefaultLimit and MaxLimit bound idemkeys.ListParams.Limit.
 const (
 	DefaultLimit = 50
 	MaxLimit     = 1000
 )
 
 // Limit returns the page size p asks for, within the bounds.
-func Limit(p idem.ListParams) int {
+func Limit(p idemkeys.ListParams) int {
 	switch {
 	case p.Limit <= 0:
 		return DefaultLimit
@@ -50,7 +51,7 @@ func Of(rec *idem.Record) Cursor {
 	return Cursor{Tenant: rec.Tenant, Created: rec.CreatedAt.UnixNano(), Key: rec.Key}
 }
 
-// Encode returns c as the opaque text of idem.KeyPage.Next.
+// Encode returns c as the opaque text of idemkeys.Page.Next.
 func (c Cursor) Encode() string {
 	b, _ := json.Marshal([]any{c.Tenant, c.Created, c.Key})
 	return base64.RawURLEncoding.EncodeToString(b)
@@ -79,9 +80,9 @@ func Decode(s string) (c Cursor, ok bool, err error) {
 }
 
 // CheckStatus refuses a status that is none of idem's.
-func CheckStatus(s idem.KeyStatus) error {
+func CheckStatus(s idemkeys.Status) error {
 	switch s {
-	case "", idem.KeyInFlight, idem.KeyAbandoned, idem.KeyComplete, idem.KeyExpired:
+	case "", idemkeys.InFlight, idemkeys.Abandoned, idemkeys.Complete, idemkeys.Expired:
 		return nil
 	}
 	return fmt.Errorf("idem: unknown key status %q (want in_flight, abandoned, complete or expired)", string(s))
@@ -111,11 +112,11 @@ func (c Cursor) After(rec *idem.Record) bool {
 
 // Match reports whether rec passes the filters of p at now (the cursor
 // aside).
-func Match(rec *idem.Record, p idem.ListParams, now time.Time) bool {
+func Match(rec *idem.Record, p idemkeys.ListParams, now time.Time) bool {
 	if p.Tenant != "" && rec.Tenant != p.Tenant {
 		return false
 	}
-	if p.Status != "" && rec.Status(now) != p.Status {
+	if p.Status != "" && idemkeys.StatusOf(rec, now) != p.Status {
 		return false
 	}
 	if !strings.HasPrefix(rec.Key, p.Prefix) {
@@ -132,13 +133,13 @@ func Match(rec *idem.Record, p idem.ListParams, now time.Time) bool {
 
 // Page sorts the matching records and cuts the page that follows p.After:
 // for the stores that filter in Go.
-func Page(all []*idem.Record, p idem.ListParams, now time.Time) (idem.KeyPage, error) {
+func Page(all []*idem.Record, p idemkeys.ListParams, now time.Time) (idemkeys.Page, error) {
 	cur, hasCur, err := Decode(p.After)
 	if err != nil {
-		return idem.KeyPage{}, err
+		return idemkeys.Page{}, err
 	}
 	if err := CheckStatus(p.Status); err != nil {
-		return idem.KeyPage{}, err
+		return idemkeys.Page{}, err
 	}
 	var out []*idem.Record
 	for _, rec := range all {
@@ -152,8 +153,8 @@ func Page(all []*idem.Record, p idem.ListParams, now time.Time) (idem.KeyPage, e
 
 // Cut makes a page of records read in page order, of which there may be
 // one more than limit: that one says a next page exists.
-func Cut(recs []*idem.Record, limit int, now time.Time) idem.KeyPage {
-	page := idem.KeyPage{Now: now}
+func Cut(recs []*idem.Record, limit int, now time.Time) idemkeys.Page {
+	page := idemkeys.Page{Now: now}
 	if len(recs) > limit {
 		recs = recs[:limit]
 		page.Next = Of(recs[limit-1]).Encode()
@@ -162,20 +163,20 @@ func Cut(recs []*idem.Record, limit int, now time.Time) idem.KeyPage {
 	return page
 }
 
-// Counter builds an idem.KeyStats from records one at a time.
+// Counter builds an idemkeys.Stats from records one at a time.
 type Counter struct {
 	now     time.Time
 	first   time.Time // the start of the first hour
-	tenants map[string]*idem.TenantCounts
+	tenants map[string]*idemkeys.TenantCounts
 	oldest  *idem.Record
-	hours   []idem.HourCounts
+	hours   []idemkeys.HourCounts
 }
 
 // NewCounter returns a Counter at now, a reading of the store's clock.
 func NewCounter(now time.Time) *Counter {
-	c := &Counter{now: now, tenants: map[string]*idem.TenantCounts{}}
+	c := &Counter{now: now, tenants: map[string]*idemkeys.TenantCounts{}}
 	c.first = HoursStart(now)
-	c.hours = make([]idem.HourCounts, 24)
+	c.hours = make([]idemkeys.HourCounts, 24)
 	for i := range c.hours {
 		c.hours[i].Start = c.first.Add(time.Duration(i) * time.Hour)
 	}
@@ -204,15 +205,15 @@ func HourIndex(first, t time.Time) int {
 func (c *Counter) Add(rec *idem.Record) {
 	tc := c.tenants[rec.Tenant]
 	if tc == nil {
-		tc = &idem.TenantCounts{Tenant: rec.Tenant}
+		tc = &idemkeys.TenantCounts{Tenant: rec.Tenant}
 		c.tenants[rec.Tenant] = tc
 	}
-	switch rec.Status(c.now) {
-	case idem.KeyInFlight:
+	switch idemkeys.StatusOf(rec, c.now) {
+	case idemkeys.InFlight:
 		tc.InFlight++
-	case idem.KeyAbandoned:
+	case idemkeys.Abandoned:
 		tc.Abandoned++
-	case idem.KeyComplete:
+	case idemkeys.Complete:
 		tc.Complete++
 	default:
 		tc.Expired++
@@ -239,7 +240,7 @@ func (c *Counter) AddHour(t time.Time, claims, completions int) {
 }
 
 // AddTenant adds counts read elsewhere (SQL).
-func (c *Counter) AddTenant(tc idem.TenantCounts) {
+func (c *Counter) AddTenant(tc idemkeys.TenantCounts) {
 	old := c.tenants[tc.Tenant]
 	if old == nil {
 		c.tenants[tc.Tenant] = &tc
@@ -255,8 +256,8 @@ func (c *Counter) AddTenant(tc idem.TenantCounts) {
 func (c *Counter) SetOldest(rec *idem.Record) { c.oldest = rec }
 
 // Stats returns what was counted, the largest tenant first.
-func (c *Counter) Stats() idem.KeyStats {
-	st := idem.KeyStats{Now: c.now, OldestInFlight: c.oldest, Hours: c.hours}
+func (c *Counter) Stats() idemkeys.Stats {
+	st := idemkeys.Stats{Now: c.now, OldestInFlight: c.oldest, Hours: c.hours}
 	for _, tc := range c.tenants {
 		st.Tenants = append(st.Tenants, *tc)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/idemkeys"
 	"github.com/idem-go/idem/idemredis"
 )
 
@@ -121,7 +122,7 @@ func openListStore(ctx context.Context, db, keys string, logger *slog.Logger) (i
 			return nil, nil, err
 		}
 	}
-	if _, ok := store.(idem.KeyLister); !ok {
+	if _, ok := store.(idemkeys.Lister); !ok {
 		cn.Close() //nolint:errcheck // the first error is the one to report
 		return nil, nil, errors.New("this store cannot list its records")
 	}

@@ -13,9 +13,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/console"
 	"github.com/idem-go/idem/cmd/idem/internal/safetext"
+	"github.com/idem-go/idem/idemkeys"
 )
 
 const keysHelp = `Usage: idem keys list|release|forget [flags]
@@ -54,7 +54,7 @@ func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	db := fs.String("db", DefaultDB, dbFlagHelp)
 	keys := fs.String("keys", "", "read the records from Redis at this redis:// `URL` instead of --db")
 	state := fs.String("state", "", "list only the keys in this `state`: in_flight, abandoned, complete or expired")
-	var p idem.ListParams
+	var p idemkeys.ListParams
 	fs.StringVar(&p.Tenant, "tenant", "", "list only this `tenant`'s keys")
 	fs.StringVar(&p.Prefix, "prefix", "", "list only the keys that start with this `prefix`")
 	fs.IntVar(&p.Limit, "limit", 50, "list at most this many keys (at most 1000)")
@@ -63,9 +63,9 @@ func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := parseFlags(fs, keysHelp, args, stdout); err != nil {
 		return err
 	}
-	p.Status = idem.KeyStatus(*state)
+	p.Status = idemkeys.Status(*state)
 	switch p.Status {
-	case "", idem.KeyInFlight, idem.KeyAbandoned, idem.KeyComplete, idem.KeyExpired:
+	case "", idemkeys.InFlight, idemkeys.Abandoned, idemkeys.Complete, idemkeys.Expired:
 	default:
 		return usagef("--state %s: want in_flight, abandoned, complete or expired", quoteArg(*state))
 	}
@@ -74,27 +74,27 @@ func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	defer closeStore()
-	page, err := store.(idem.KeyLister).ListKeys(ctx, p)
+	page, err := store.(idemkeys.Lister).ListKeys(ctx, p)
 	if err != nil {
 		return fmt.Errorf("list: %w", notMigrated(err))
 	}
 	if *asJSON {
 		type item struct {
-			Tenant      string         `json:"tenant"`
-			Key         string         `json:"key"`
-			Status      idem.KeyStatus `json:"status"`
-			LeaseToken  int64          `json:"lease_token,string"`
-			LockedUntil time.Time      `json:"locked_until"`
-			CreatedAt   time.Time      `json:"created_at"`
-			ExpiresAt   time.Time      `json:"expires_at"`
-			Answer      int            `json:"answer_status,omitempty"`
+			Tenant      string          `json:"tenant"`
+			Key         string          `json:"key"`
+			Status      idemkeys.Status `json:"status"`
+			LeaseToken  int64           `json:"lease_token,string"`
+			LockedUntil time.Time       `json:"locked_until"`
+			CreatedAt   time.Time       `json:"created_at"`
+			ExpiresAt   time.Time       `json:"expires_at"`
+			Answer      int             `json:"answer_status,omitempty"`
 		}
 		out := struct {
 			Keys []item `json:"keys"`
 			Next string `json:"next,omitempty"`
 		}{Keys: []item{}, Next: page.Next}
 		for _, r := range page.Records {
-			out.Keys = append(out.Keys, item{r.Tenant, r.Key, r.Status(page.Now), r.LeaseToken, r.LockedUntil.UTC(), r.CreatedAt.UTC(), r.ExpiresAt.UTC(), r.Result.Status})
+			out.Keys = append(out.Keys, item{r.Tenant, r.Key, idemkeys.StatusOf(r, page.Now), r.LeaseToken, r.LockedUntil.UTC(), r.CreatedAt.UTC(), r.ExpiresAt.UTC(), r.Result.Status})
 		}
 		var b bytes.Buffer
 		enc := json.NewEncoder(&b)
@@ -108,7 +108,7 @@ func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENANT\tKEY\tSTATE\tCLAIMED\tLOCKED UNTIL\tLEASE TOKEN")
 	for _, r := range page.Records {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", strconv.Quote(r.Tenant), strconv.Quote(r.Key), r.Status(page.Now),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", strconv.Quote(r.Tenant), strconv.Quote(r.Key), idemkeys.StatusOf(r, page.Now),
 			r.CreatedAt.UTC().Format(time.RFC3339), r.LockedUntil.UTC().Format(time.RFC3339), r.LeaseToken)
 	}
 	if err := tw.Flush(); err != nil {

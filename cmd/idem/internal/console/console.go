@@ -1,6 +1,6 @@
 // Package console is the operator console of idem console: server-rendered
 // pages (html/template, assets embedded, no script needed) and a JSON API
-// over a store that implements idem.KeyLister, behind one token.
+// over a store that implements idemkeys.Lister, behind one token.
 //
 // Every page and API call needs the token: pages through a login form that
 // sets an HttpOnly, SameSite=Strict cookie (a session that the console
@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemkeys"
 )
 
 //go:embed templates/*.html assets/*
@@ -38,7 +39,7 @@ var files embed.FS
 
 // Config configures a Handler.
 type Config struct {
-	// Store holds the records; it must implement idem.KeyLister.
+	// Store holds the records; it must implement idemkeys.Lister.
 	Store idem.Store
 	// Token is the secret every page and API call needs. Required.
 	Token string
@@ -58,7 +59,7 @@ type Config struct {
 // Handler serves the console.
 type Handler struct {
 	store  idem.Store
-	lister idem.KeyLister
+	lister idemkeys.Lister
 	token  string
 	lease  time.Duration
 	log    *slog.Logger
@@ -72,7 +73,7 @@ type Handler struct {
 
 // New returns the console's handler.
 func New(cfg Config) (*Handler, error) {
-	lister, ok := cfg.Store.(idem.KeyLister)
+	lister, ok := cfg.Store.(idemkeys.Lister)
 	if !ok {
 		return nil, fmt.Errorf("the store %T cannot list its records", cfg.Store)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/safetext"
+	"github.com/idem-go/idem/idemkeys"
 )
 
 // oddNames are tenants and keys that a path does not carry as they are:
@@ -116,7 +117,7 @@ func TestOddNamesRoundTrip(t *testing.T) {
 		})
 	}
 	// Each forget took its own key: one left per name is none left.
-	if page, err := st.ListKeys(ctx, idem.ListParams{Limit: 1000}); err != nil || len(page.Records) != 0 {
+	if page, err := st.ListKeys(ctx, idemkeys.ListParams{Limit: 1000}); err != nil || len(page.Records) != 0 {
 		t.Fatalf("left after forgetting every key: %d records, %v", len(page.Records), err)
 	}
 

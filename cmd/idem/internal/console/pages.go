@@ -11,15 +11,16 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemkeys"
 )
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
-	st, err := h.lister.KeyStats(r.Context(), idem.StatsParams{Tenant: r.URL.Query().Get("tenant")})
+	st, err := h.lister.KeyStats(r.Context(), idemkeys.StatsParams{Tenant: r.URL.Query().Get("tenant")})
 	if err != nil {
 		h.fail(w, r, http.StatusBadGateway, "the store did not answer: "+err.Error())
 		return
 	}
-	var total idem.TenantCounts
+	var total idemkeys.TenantCounts
 	for _, t := range st.Tenants {
 		total.InFlight += t.InFlight
 		total.Abandoned += t.Abandoned
@@ -34,9 +35,9 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 }
 
 // listParams reads the filters of a list from a query string.
-func listParams(r *http.Request) (idem.ListParams, error) {
+func listParams(r *http.Request) (idemkeys.ListParams, error) {
 	q := r.URL.Query()
-	p := idem.ListParams{Tenant: q.Get("tenant"), Status: idem.KeyStatus(q.Get("state")), Prefix: q.Get("prefix"), After: q.Get("after")}
+	p := idemkeys.ListParams{Tenant: q.Get("tenant"), Status: idemkeys.Status(q.Get("state")), Prefix: q.Get("prefix"), After: q.Get("after")}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
@@ -76,7 +77,7 @@ func (h *Handler) keys(w http.ResponseWriter, r *http.Request) { h.list(w, r, "K
 
 func (h *Handler) abandoned(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	q.Set("state", string(idem.KeyAbandoned))
+	q.Set("state", string(idemkeys.Abandoned))
 	r.URL.RawQuery = q.Encode()
 	h.list(w, r, "Abandoned operations", true)
 }
@@ -215,7 +216,7 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 // Act runs one action on store, logs it to log, and returns what it did
 // in one sentence. A refusal is an error that names why.
 func Act(ctx context.Context, store idem.Store, log *slog.Logger, req Action) (string, error) {
-	lister, ok := store.(idem.KeyLister)
+	lister, ok := store.(idemkeys.Lister)
 	if !ok {
 		return "", fmt.Errorf("the store %T cannot forget its records", store)
 	}
@@ -271,7 +272,7 @@ func Act(ctx context.Context, store idem.Store, log *slog.Logger, req Action) (s
 		if rec.State != idem.StateComplete {
 			return "", &actionError{http.StatusConflict, "the key is in flight, not complete: release it instead"}
 		}
-		if err := lister.Forget(ctx, idem.ForgetParams{Tenant: req.Tenant, Key: req.Key, Token: token}); err != nil {
+		if err := lister.Forget(ctx, idemkeys.ForgetParams{Tenant: req.Tenant, Key: req.Key, Token: token}); err != nil {
 			if errors.Is(err, idem.ErrNotFound) {
 				return "", &actionError{http.StatusConflict, "not forgotten: the key changed meanwhile; look at it again"}
 			}

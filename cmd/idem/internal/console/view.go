@@ -11,6 +11,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/safetext"
+	"github.com/idem-go/idem/idemkeys"
 )
 
 // bodyPreview bounds how much of a stored body a page or the API shows.
@@ -20,7 +21,7 @@ const bodyPreview = 4096
 type keyView struct {
 	Tenant      string              `json:"tenant"`
 	Key         string              `json:"key"`
-	Status      idem.KeyStatus      `json:"status"`
+	Status      idemkeys.Status     `json:"status"`
 	State       idem.State          `json:"stored_state"`
 	Fingerprint string              `json:"fingerprint,omitempty"`
 	LeaseToken  int64               `json:"lease_token,string"`
@@ -79,7 +80,7 @@ func newBodyView(b []byte) *bodyView {
 // full means rec came from Get: its body size and steps are known.
 func newKeyView(rec *idem.Record, now time.Time, lease time.Duration, full, withBody bool) *keyView {
 	v := &keyView{
-		Tenant: rec.Tenant, Key: rec.Key, Status: rec.Status(now), State: rec.State,
+		Tenant: rec.Tenant, Key: rec.Key, Status: idemkeys.StatusOf(rec, now), State: rec.State,
 		LeaseToken: rec.LeaseToken, LockedUntil: rec.LockedUntil.UTC(), CreatedAt: rec.CreatedAt.UTC(),
 		ExpiresAt: rec.ExpiresAt.UTC(), Now: now,
 		LeaseLive: rec.State == idem.StateInFlight && now.Before(rec.LockedUntil),
@@ -192,7 +193,7 @@ const (
 	slot        = 28
 )
 
-func newChart(hours []idem.HourCounts) chart {
+func newChart(hours []idemkeys.HourCounts) chart {
 	c := chart{Width: slot*len(hours) + 10, Height: chartHeight + 20, Max: 1}
 	for _, h := range hours {
 		c.Max = max(c.Max, h.Claims, h.Completions)

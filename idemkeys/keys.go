@@ -1,79 +1,95 @@
-package idem
+// Package idemkeys is what operators see of the stored keys: a store
+// implements [Lister] besides idem.Store to let the console (idem console)
+// and the idem keys commands list its records, count them, and forget a
+// completed one.
+//
+//	lister, ok := store.(idemkeys.Lister)
+//	page, err := lister.ListKeys(ctx, idemkeys.ListParams{Tenant: "acme", Status: idemkeys.InFlight})
+//	for _, r := range page.Records {
+//		fmt.Println(r.Key, idemkeys.StatusOf(r, page.Now))
+//	}
+//
+// Every store of this repository implements it, and idemstoretest's
+// listing suite proves an implementation. It is a package of its own
+// because the engine never lists keys: only operators do.
+package idemkeys
 
 import (
 	"context"
 	"time"
+
+	"github.com/idem-go/idem"
 )
 
-// KeyLister is what a Store implements, besides Store, to let operators
+// Lister is what an idem.Store implements, besides Store, to let operators
 // find their records: list them by tenant, status, key prefix and time,
 // count them, and forget a completed one. Every store of this module
 // implements it; the console (idem console) and the idem keys commands
 // need it.
 //
-// An operator releases a key in flight with Store.Release and the lease
+// An operator releases a key in flight with idem.Store.Release and the lease
 // token read from the record (ListKeys or Get): a release by token frees
 // exactly the execution the operator looked at, never the retry that took
 // the key over since, and if that execution's holder is alive after all,
 // its completion is refused by the fence and its writes are rolled back.
-type KeyLister interface {
+type Lister interface {
 	// ListKeys returns one page of records in (tenant, created at, key)
 	// order, after ListParams.After. The records carry no body and no
 	// steps (Get reads them): a page stays small whatever it answers.
-	ListKeys(ctx context.Context, p ListParams) (KeyPage, error)
+	ListKeys(ctx context.Context, p ListParams) (Page, error)
 
 	// KeyStats counts the records by tenant and status, finds the oldest
 	// in flight, and counts the claims and completions of the last 24
 	// hours, hour by hour.
-	KeyStats(ctx context.Context, p StatsParams) (KeyStats, error)
+	KeyStats(ctx context.Context, p StatsParams) (Stats, error)
 
 	// Forget deletes the complete record of (tenant, key) whose lease
 	// token is Token, so that the next request under the key runs again.
-	// It returns ErrNotFound, deleting nothing, when there is no such
+	// It returns idem.ErrNotFound, deleting nothing, when there is no such
 	// record: absent, in flight, or completed under another token.
 	Forget(ctx context.Context, p ForgetParams) error
 }
 
-// KeyStatus is where a record stands for an operator: the stored state
+// Status is where a record stands for an operator: the stored state
 // and, judged by the store's clock, its lease and its retention.
-type KeyStatus string
+type Status string
 
 const (
-	// KeyInFlight: an execution holds the key under a live lease.
-	KeyInFlight KeyStatus = "in_flight"
-	// KeyAbandoned: in flight, its lease ended, and no retry has taken it
+	// InFlight: an execution holds the key under a live lease.
+	InFlight Status = "in_flight"
+	// Abandoned: in flight, its lease ended, and no retry has taken it
 	// over since: the execution crashed or was cut off, and no client
 	// came back. The next retry with the same request runs again.
-	KeyAbandoned KeyStatus = "abandoned"
-	// KeyComplete: the result is stored and replayed.
-	KeyComplete KeyStatus = "complete"
-	// KeyExpired: past retention and holding no live lease: it counts as
+	Abandoned Status = "abandoned"
+	// Complete: the result is stored and replayed.
+	Complete Status = "complete"
+	// Expired: past retention and holding no live lease: it counts as
 	// absent and waits for Purge.
-	KeyExpired KeyStatus = "expired"
+	Expired Status = "expired"
 )
 
-// Status returns where r stands at now, a reading of the store's clock
-// (KeyPage.Now, KeyStats.Now).
-func (r *Record) Status(now time.Time) KeyStatus {
-	live := r.State == StateInFlight && now.Before(r.LockedUntil)
+// StatusOf returns where r stands at now, a reading of the store's clock
+// (Page.Now, Stats.Now).
+func StatusOf(r *idem.Record, now time.Time) Status {
+	live := r.State == idem.StateInFlight && now.Before(r.LockedUntil)
 	switch {
 	case live:
-		return KeyInFlight
+		return InFlight
 	case !now.Before(r.ExpiresAt):
-		return KeyExpired
-	case r.State == StateInFlight:
-		return KeyAbandoned
+		return Expired
+	case r.State == idem.StateInFlight:
+		return Abandoned
 	}
-	return KeyComplete
+	return Complete
 }
 
-// ListParams are the arguments of KeyLister.ListKeys. Zero fields do not
+// ListParams are the arguments of Lister.ListKeys. Zero fields do not
 // filter.
 type ListParams struct {
 	// Tenant lists one tenant's records only.
 	Tenant string
 	// Status lists the records in this status only.
-	Status KeyStatus
+	Status Status
 	// Prefix lists the keys that start with it only.
 	Prefix string
 	// CreatedFrom and CreatedBefore bound the claim time: From included,
@@ -81,30 +97,30 @@ type ListParams struct {
 	CreatedFrom, CreatedBefore time.Time
 	// Limit bounds the page. Defaults to 50 when zero; at most 1000.
 	Limit int
-	// After is KeyPage.Next of the page before; empty for the first.
+	// After is Page.Next of the page before; empty for the first.
 	After string
 }
 
-// KeyPage is one page of ListKeys.
-type KeyPage struct {
+// Page is one page of ListKeys.
+type Page struct {
 	// Records are the page, without body or steps.
-	Records []*Record
+	Records []*idem.Record
 	// Next is the cursor of the next page (ListParams.After); empty when
 	// this page is the last.
 	Next string
-	// Now is the store's clock when the page was read: Record.Status(Now)
+	// Now is the store's clock when the page was read: StatusOf(record, Now)
 	// is the status the page was filtered on.
 	Now time.Time
 }
 
-// StatsParams are the arguments of KeyLister.KeyStats.
+// StatsParams are the arguments of Lister.KeyStats.
 type StatsParams struct {
 	// Tenant counts one tenant's records only; empty counts every tenant.
 	Tenant string
 }
 
-// KeyStats is what KeyLister.KeyStats counts.
-type KeyStats struct {
+// Stats is what Lister.KeyStats counts.
+type Stats struct {
 	// Now is the store's clock when the records were counted.
 	Now time.Time
 	// Tenants holds the counts of each tenant with records, the tenant
@@ -112,7 +128,7 @@ type KeyStats struct {
 	Tenants []TenantCounts
 	// OldestInFlight is the in-flight record (lease live or ended) claimed
 	// first, without body or steps; nil when none is in flight.
-	OldestInFlight *Record
+	OldestInFlight *idem.Record
 	// Estimated is true when the counts (Tenants, Hours) are scaled from
 	// a sample of the records rather than counted one by one: idempg
 	// samples a table of millions, where exact counts of every tenant
@@ -139,7 +155,7 @@ type HourCounts struct {
 	Claims, Completions int
 }
 
-// ForgetParams are the arguments of KeyLister.Forget.
+// ForgetParams are the arguments of Lister.Forget.
 type ForgetParams struct {
 	Tenant string
 	Key    string
