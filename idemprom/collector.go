@@ -123,7 +123,7 @@ var (
 	numOperationOutcomes = len(idem.OperationOutcomes()) + 1
 	numStoreOperations   = len(idem.StoreOperations()) + 1
 	numStoreResults      = len(idem.StoreResults()) + 1
-	numRequestKinds   = len(idemfront.Kinds()) + 1
+	numRequestKinds      = len(idemfront.Kinds()) + 1
 )
 
 // numInboxActions bounds the values of ideminbox.Action: one series per
