@@ -175,36 +175,6 @@ func StoreOperations() []StoreOperation {
 	return out
 }
 
-// StoreResult is how a store call ended.
-type StoreResult uint8
-
-// The results of a store call.
-const (
-	// StoreOK: the store answered. A Get that found no record is OK.
-	StoreOK StoreResult = iota + 1
-	// StoreLeaseLost: the store refused a fenced call (Complete, Extend)
-	// because the lease is no longer held (ErrLeaseLost).
-	StoreLeaseLost
-	// StoreFailed: the call failed.
-	StoreFailed
-)
-
-// String returns "ok", "lease_lost" or "error".
-func (r StoreResult) String() string {
-	switch r {
-	case StoreOK:
-		return "ok"
-	case StoreLeaseLost:
-		return "lease_lost"
-	case StoreFailed:
-		return "error"
-	}
-	return "unknown"
-}
-
-// StoreResults returns every store result.
-func StoreResults() []StoreResult { return []StoreResult{StoreOK, StoreLeaseLost, StoreFailed} }
-
 // StoreTracer observes every store call of the engine (claim, begin,
 // complete, rollback, release, including the late releases of failed
 // claims), of the heartbeat (extend), of the janitor (purge) and of the
@@ -227,9 +197,13 @@ type TraceStoreStartData struct {
 type TraceStoreEndData struct {
 	Operation StoreOperation
 	Store     string
-	Result    StoreResult
 	Duration  time.Duration
-	Err       error
+	// Err is nil when the store answered, a Get or Release that found no
+	// record (ErrNotFound) included; ErrLeaseLost when the store refused
+	// a fenced call (Complete, Extend) because the lease is no longer
+	// held; any other error when the call failed. idemprom and idemotel
+	// report the three as the results "ok", "lease_lost" and "error".
+	Err error
 }
 
 // LeaseEvent is something that happened to a lease.
@@ -407,14 +381,10 @@ func startStore(ctx context.Context, st StoreTracer, op StoreOperation, store st
 }
 
 func (s storeTrace) end(ctx context.Context, err error) {
-	res := StoreOK
-	switch {
-	case errors.Is(err, ErrLeaseLost):
-		res = StoreLeaseLost
-	case err != nil && !errors.Is(err, ErrNotFound):
-		res = StoreFailed
+	if errors.Is(err, ErrNotFound) {
+		err = nil // an answer: no record
 	}
-	s.st.TraceStoreEnd(ctx, TraceStoreEndData{Operation: s.op, Store: s.store, Result: res, Duration: monotonic() - s.start, Err: err})
+	s.st.TraceStoreEnd(ctx, TraceStoreEndData{Operation: s.op, Store: s.store, Duration: monotonic() - s.start, Err: err})
 }
 
 // TraceStore runs call, a call of store's operation op, under tracer's

@@ -49,7 +49,18 @@ func (r *recorder) TraceStoreStart(ctx context.Context, d idem.TraceStoreStartDa
 
 func (r *recorder) TraceStoreEnd(ctx context.Context, d idem.TraceStoreEndData) {
 	chain, _ := ctx.Value(ctxKey{}).(string)
-	r.add(d.Operation.String() + " " + d.Result.String() + " " + chain)
+	r.add(d.Operation.String() + " " + storeResult(d.Err) + " " + chain)
+}
+
+// storeResult names a store call's end as idemprom and idemotel do.
+func storeResult(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, idem.ErrLeaseLost):
+		return "lease_lost"
+	}
+	return "error"
 }
 
 func (r *recorder) TraceLease(ctx context.Context, d idem.TraceLeaseData) {

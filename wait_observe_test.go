@@ -21,7 +21,7 @@ type waitTracer struct {
 	mu     sync.Mutex
 	ends   []idem.TraceOperationEndData
 	leases []idem.LeaseEvent
-	gets   []idem.StoreResult
+	gets   []error
 }
 
 func (w *waitTracer) TraceOperationStart(ctx context.Context, _ idem.TraceOperationStartData) context.Context {
@@ -50,7 +50,7 @@ func (w *waitTracer) TraceStoreEnd(_ context.Context, d idem.TraceStoreEndData) 
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.gets = append(w.gets, d.Result)
+	w.gets = append(w.gets, d.Err)
 }
 
 func (w *waitTracer) failedGets() int {
@@ -58,7 +58,7 @@ func (w *waitTracer) failedGets() int {
 	defer w.mu.Unlock()
 	n := 0
 	for _, r := range w.gets {
-		if r == idem.StoreFailed {
+		if r != nil {
 			n++
 		}
 	}

@@ -338,11 +338,31 @@ var storeSpanNames = func() []string {
 	return names
 }()
 
+// storeResultNames are the values of a store call's result label, by
+// storeResult: the store answered, refused a fenced call, or failed.
+var storeResultNames = [...]string{"unknown", "ok", "lease_lost", "error"}
+
+// storeResult classifies a store call by its error (see
+// idem.TraceStoreEndData.Err).
+func storeResult(err error) int {
+	switch {
+	case err == nil:
+		return 1
+	case errors.Is(err, idem.ErrLeaseLost):
+		return 2
+	}
+	return storeFailed
+}
+
+// storeFailed is storeResult's "error".
+const storeFailed = 3
+
 // TraceStoreEnd implements idem.StoreTracer.
 func (t *Tracer) TraceStoreEnd(ctx context.Context, d idem.TraceStoreEndData) {
 	s := t.store(d.Store)
-	if int(d.Operation) < len(s.calls) && int(d.Result) < len(s.calls[d.Operation]) {
-		t.storeOps.Record(ctx, d.Duration.Seconds(), s.calls[d.Operation][d.Result])
+	result := storeResult(d.Err)
+	if int(d.Operation) < len(s.calls) {
+		t.storeOps.Record(ctx, d.Duration.Seconds(), s.calls[d.Operation][result])
 	}
 	if !t.storeSpans {
 		return
@@ -351,8 +371,8 @@ func (t *Tracer) TraceStoreEnd(ctx context.Context, d idem.TraceStoreEndData) {
 	if !span.IsRecording() {
 		return
 	}
-	span.SetAttributes(KeyStoreResult.String(d.Result.String()))
-	if d.Result == idem.StoreFailed {
+	span.SetAttributes(KeyStoreResult.String(storeResultNames[result]))
+	if result == storeFailed {
 		if d.Err != nil {
 			recordError(span, d.Err)
 		}
@@ -517,7 +537,7 @@ func (t *Tracer) TraceRetry(ctx context.Context, d idemclient.TraceRetryData) {
 // storeSets are the attribute sets of one store.
 type storeSets struct {
 	operations []metric.MeasurementOption   // by idem.OperationOutcome
-	calls      [][]metric.MeasurementOption // by idem.StoreOperation, then idem.StoreResult
+	calls      [][]metric.MeasurementOption // by idem.StoreOperation, then storeResult
 }
 
 func (t *Tracer) store(name string) *storeSets {
@@ -539,17 +559,17 @@ type namedStore[V any] struct {
 
 func (t *Tracer) storeOf(name string) *storeSets {
 	return t.stores.get(name, func() *storeSets {
-		outcomes, ops, results := idem.OperationOutcomes(), idem.StoreOperations(), idem.StoreResults()
+		outcomes, ops := idem.OperationOutcomes(), idem.StoreOperations()
 		s := &storeSets{operations: make([]metric.MeasurementOption, len(outcomes)+1), calls: make([][]metric.MeasurementOption, len(ops)+1)}
 		s.operations[0] = metric.WithAttributeSet(attribute.NewSet(KeyStore.String(name), KeyOutcome.String("unknown")))
 		for _, o := range outcomes {
 			s.operations[o] = metric.WithAttributeSet(attribute.NewSet(KeyStore.String(name), KeyOutcome.String(o.String())))
 		}
 		for i := range s.calls {
-			s.calls[i] = make([]metric.MeasurementOption, len(results)+1)
+			s.calls[i] = make([]metric.MeasurementOption, len(storeResultNames))
 			for j := range s.calls[i] {
 				s.calls[i][j] = metric.WithAttributeSet(attribute.NewSet(KeyStore.String(name),
-					KeyStoreOperation.String(idem.StoreOperation(i).String()), KeyStoreResult.String(idem.StoreResult(j).String())))
+					KeyStoreOperation.String(idem.StoreOperation(i).String()), KeyStoreResult.String(storeResultNames[j])))
 			}
 		}
 		return s

@@ -35,7 +35,7 @@ func BenchmarkHooksFirstExecution(b *testing.B) {
 			if op == idem.StoreBegin {
 				handler = since()
 			}
-			c.TraceStoreEnd(sctx, idem.TraceStoreEndData{Operation: op, Store: "memory", Result: idem.StoreOK, Duration: since() - start})
+			c.TraceStoreEnd(sctx, idem.TraceStoreEndData{Operation: op, Store: "memory", Duration: since() - start})
 		}
 		c.TraceOperationEnd(octx, idem.TraceOperationEndData{Outcome: idem.OutcomeExecuted, Store: "memory", ResponseBytes: 45})
 		c.TraceRequestEnd(rctx, idemfront.TraceRequestEndData{Method: "POST", Route: "/orders", Kind: idemfront.Executed, Status: 201, Execution: since() - handler})
@@ -53,7 +53,7 @@ func BenchmarkHooksReplay(b *testing.B) {
 		octx := c.TraceOperationStart(rctx, idem.TraceOperationStartData{Tenant: "acme", Key: "k", Store: "memory"})
 		sctx := c.TraceStoreStart(octx, idem.TraceStoreStartData{Operation: idem.StoreClaim, Store: "memory"})
 		start := since()
-		c.TraceStoreEnd(sctx, idem.TraceStoreEndData{Operation: idem.StoreClaim, Store: "memory", Result: idem.StoreOK, Duration: since() - start})
+		c.TraceStoreEnd(sctx, idem.TraceStoreEndData{Operation: idem.StoreClaim, Store: "memory", Duration: since() - start})
 		c.TraceOperationEnd(octx, idem.TraceOperationEndData{Outcome: idem.OutcomeReplayed, Store: "memory", ResponseBytes: 45, ReplayAge: time.Since(completed)})
 		c.TraceRequestEnd(rctx, idemfront.TraceRequestEndData{Method: "POST", Route: "/orders", Kind: idemfront.Replayed, Status: 201})
 	}

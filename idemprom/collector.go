@@ -122,7 +122,7 @@ var attemptOutcomes = idemclient.AttemptOutcomes()
 var (
 	numOperationOutcomes = len(idem.OperationOutcomes()) + 1
 	numStoreOperations   = len(idem.StoreOperations()) + 1
-	numStoreResults      = len(idem.StoreResults()) + 1
+	numStoreResults      = len(storeResultNames)
 	numRequestKinds      = len(idemfront.Kinds()) + 1
 )
 
@@ -267,7 +267,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 // storeChildren are the series of one store.
 type storeChildren struct {
 	operations []prometheus.Counter    // by idem.OperationOutcome
-	calls      [][]prometheus.Observer // by idem.StoreOperation, then idem.StoreResult
+	calls      [][]prometheus.Observer // by idem.StoreOperation, then storeResult
 }
 
 func (c *Collector) store(name string) *storeChildren {
@@ -298,8 +298,8 @@ func (c *Collector) storeOf(name string) *storeChildren {
 		}
 		for _, op := range idem.StoreOperations() {
 			s.calls[op] = make([]prometheus.Observer, numStoreResults)
-			for _, r := range idem.StoreResults() {
-				s.calls[op][r] = c.storeOps.WithLabelValues(name, op.String(), r.String())
+			for r := 1; r < numStoreResults; r++ {
+				s.calls[op][r] = c.storeOps.WithLabelValues(name, op.String(), storeResultNames[r])
 			}
 		}
 		return s
@@ -402,6 +402,22 @@ func (c *Collector) TraceOperationEnd(_ context.Context, d idem.TraceOperationEn
 	}
 }
 
+// storeResultNames are the values of a store call's result label, by
+// storeResult: the store answered, refused a fenced call, or failed.
+var storeResultNames = [...]string{"unknown", "ok", "lease_lost", "error"}
+
+// storeResult classifies a store call by its error (see
+// idem.TraceStoreEndData.Err).
+func storeResult(err error) int {
+	switch {
+	case err == nil:
+		return 1
+	case errors.Is(err, idem.ErrLeaseLost):
+		return 2
+	}
+	return 3
+}
+
 // TraceStoreStart implements idem.StoreTracer.
 func (c *Collector) TraceStoreStart(ctx context.Context, _ idem.TraceStoreStartData) context.Context {
 	return ctx
@@ -409,11 +425,11 @@ func (c *Collector) TraceStoreStart(ctx context.Context, _ idem.TraceStoreStartD
 
 // TraceStoreEnd implements idem.StoreTracer.
 func (c *Collector) TraceStoreEnd(_ context.Context, d idem.TraceStoreEndData) {
-	if int(d.Operation) >= numStoreOperations || int(d.Result) >= numStoreResults {
+	if int(d.Operation) >= numStoreOperations {
 		return
 	}
-	if m := c.store(d.Store).calls[d.Operation]; m != nil && m[d.Result] != nil {
-		m[d.Result].Observe(d.Duration.Seconds())
+	if m := c.store(d.Store).calls[d.Operation]; m != nil {
+		m[storeResult(d.Err)].Observe(d.Duration.Seconds())
 	}
 }
 
