@@ -11,15 +11,18 @@ import (
 	"time"
 )
 
-// Defaults for Config.
+// Defaults of Config.Lease and Config.Retention, exported for the
+// programs that show them (idem serve's flags).
 const (
 	DefaultLease     = 90 * time.Second
 	DefaultRetention = 24 * time.Hour
+)
 
-	// DefaultMaxStepBytes and DefaultMaxStepsBytes are the defaults of
-	// Config.MaxStepBytes and Config.MaxStepsBytes.
-	DefaultMaxStepBytes  = 64 << 10
-	DefaultMaxStepsBytes = 256 << 10
+const (
+	// defaultMaxStepBytes and defaultMaxStepsBytes are the defaults of
+	// Config.MaxStepBytes and Config.MaxStepsBytes (stated there).
+	defaultMaxStepBytes  = 64 << 10
+	defaultMaxStepsBytes = 256 << 10
 )
 
 // Config configures an Engine. The zero value of every field means its
@@ -107,10 +110,10 @@ func (c *Config) withDefaults() Config {
 		out.CleanupTimeout = 5 * time.Second
 	}
 	if out.MaxStepBytes <= 0 {
-		out.MaxStepBytes = DefaultMaxStepBytes
+		out.MaxStepBytes = defaultMaxStepBytes
 	}
 	if out.MaxStepsBytes <= 0 {
-		out.MaxStepsBytes = DefaultMaxStepsBytes
+		out.MaxStepsBytes = defaultMaxStepsBytes
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()

@@ -11,12 +11,14 @@ import (
 // and idemotel provide tracers for Prometheus and OpenTelemetry.
 //
 // A Tracer may implement the optional interfaces below as well; the
-// engine, the janitor, idemhttp and ideminbox find them by type assertion
+// engine, the janitor, the front ends and ideminbox find them by type assertion
 // on Config.Tracer and call those it implements: StoreTracer (every store
-// call), LeaseTracer (lost leases, takeovers, heartbeat failures),
-// PurgeTracer (the janitor's passes). A front end's requests are traced
-// by idemfront.RequestTracer, found on the same tracer. ideminbox traces its messages with a tracer of its own
-// (ideminbox.MessageTracer, set in ideminbox.Config.Tracer).
+// call) and LeaseTracer (lost leases, takeovers, heartbeat failures). The
+// packages around the engine find theirs on the same tracer:
+// idemfront.RequestTracer (a front end's requests) and
+// idemjanitor.PurgeTracer (the janitor's passes). ideminbox traces its
+// messages with a tracer of its own (ideminbox.MessageTracer, set in
+// ideminbox.Config.Tracer).
 //
 // Calls come from many goroutines at once; a Tracer must be safe for
 // concurrent use, and fast: it runs on every request. With no tracer the
@@ -253,24 +255,6 @@ type TraceLeaseData struct {
 	Err error
 }
 
-// PurgeTracer observes the janitor's passes. Set the tracer in
-// JanitorConfig.Tracer.
-type PurgeTracer interface {
-	// TracePurge is called after each pass of Janitor.PurgeOnce.
-	TracePurge(ctx context.Context, data TracePurgeData)
-}
-
-// TracePurgeData describes one purge pass.
-type TracePurgeData struct {
-	Store string
-	// Deleted is how many records the pass deleted.
-	Deleted int
-	// Batches is how many Store.Purge calls it made.
-	Batches  int
-	Duration time.Duration
-	Err      error
-}
-
 // classifyOperation names the outcome of Engine.Do from what it returns.
 func classifyOperation(ctx context.Context, out Outcome, err error) OperationOutcome {
 	switch {
@@ -487,9 +471,6 @@ func MultiTracer(tracers ...Tracer) Tracer {
 		if l, ok := t.(LeaseTracer); ok {
 			m.lease = append(m.lease, l)
 		}
-		if p, ok := t.(PurgeTracer); ok {
-			m.purge = append(m.purge, p)
-		}
 	}
 	switch len(m.all) {
 	case 0:
@@ -504,7 +485,6 @@ type multiTracer struct {
 	all   []Tracer
 	store []StoreTracer
 	lease []LeaseTracer
-	purge []PurgeTracer
 }
 
 // Unwrap returns the tracers m calls, so that a front end finds the
@@ -540,11 +520,5 @@ func (m *multiTracer) TraceStoreEnd(ctx context.Context, data TraceStoreEndData)
 func (m *multiTracer) TraceLease(ctx context.Context, data TraceLeaseData) {
 	for _, t := range m.lease {
 		t.TraceLease(ctx, data)
-	}
-}
-
-func (m *multiTracer) TracePurge(ctx context.Context, data TracePurgeData) {
-	for _, t := range m.purge {
-		t.TracePurge(ctx, data)
 	}
 }

@@ -16,8 +16,8 @@ import (
 // announce within a quarter of a second by default, and a key waited on
 // for long costs four reads a second, whatever the number of its waiters.
 const (
-	// DefaultWaitPollInterval is Config.WaitPollInterval's default.
-	DefaultWaitPollInterval = 250 * time.Millisecond
+	// defaultWaitPollInterval is Config.WaitPollInterval's default.
+	defaultWaitPollInterval = 250 * time.Millisecond
 	// waitPollDivisor gives the first pause: WaitPollInterval/25, 10 ms
 	// by default, so that an execution a few milliseconds long is found
 	// ended at once by a store that does not announce it.
@@ -377,7 +377,7 @@ func (e *Engine) pollPauses() (first, most time.Duration) {
 	}
 	most = e.config.WaitPollInterval
 	if most <= 0 {
-		most = DefaultWaitPollInterval
+		most = defaultWaitPollInterval
 	}
 	return max(most/waitPollDivisor, time.Millisecond), most
 }

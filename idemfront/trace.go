@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/tracers"
 )
 
 // RequestTracer observes the calls a front end answers. A front end finds
@@ -75,26 +76,14 @@ func metricMethod(method, protocol string) string {
 // for a tracer made by idem.MultiTracer, those of its tracers that do,
 // called in turn with their contexts chained; nil when none does.
 func RequestTracerOf(t idem.Tracer) RequestTracer {
-	if r, ok := t.(RequestTracer); ok {
-		return r
-	}
-	u, ok := t.(interface{ Unwrap() []idem.Tracer })
-	if !ok {
-		return nil
-	}
-	var m multiRequestTracer
-	for _, t := range u.Unwrap() {
-		if r := RequestTracerOf(t); r != nil {
-			m = append(m, r)
-		}
-	}
-	switch len(m) {
+	switch found := tracers.Find[RequestTracer](t); len(found) {
 	case 0:
 		return nil
 	case 1:
-		return m[0]
+		return found[0]
+	default:
+		return multiRequestTracer(found)
 	}
-	return m
 }
 
 type multiRequestTracer []RequestTracer

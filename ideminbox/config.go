@@ -100,7 +100,7 @@ type Config struct {
 	// duplicate arriving within it is acknowledged without running. It
 	// must exceed the longest delay after which the broker or a publisher
 	// may send the message again. Records are purged like HTTP keys, by
-	// idem.Janitor. Defaults to 7 days.
+	// idemjanitor.Janitor. Defaults to 7 days.
 	Retention time.Duration
 
 	// LocalAttemptsLimit bounds the messages whose deliveries this

@@ -110,7 +110,7 @@
 // # Retention
 //
 // Consumer keys are kept for Config.Retention (7 days by default), far
-// beyond any broker window, and purged like HTTP keys by idem.Janitor.
+// beyond any broker window, and purged like HTTP keys by idemjanitor.Janitor.
 //
 // # Tracing
 //

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/ideminbox"
+	"github.com/idem-go/idem/idemjanitor"
 	"github.com/idem-go/idem/idemmem"
 )
 
@@ -374,7 +375,7 @@ func TestRetention(t *testing.T) {
 		t.Fatalf("after 6 days: %v", d.Action)
 	}
 	advance(2 * 24 * time.Hour)
-	janitor, err := idem.NewJanitor(store, nil)
+	janitor, err := idemjanitor.NewJanitor(store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

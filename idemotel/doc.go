@@ -3,7 +3,7 @@
 //
 // New returns a Tracer on an OpenTelemetry TracerProvider and
 // MeterProvider (the global ones by default). Set it as the tracer of the
-// engine (idem.Config.Tracer), of the janitor (idem.JanitorConfig.Tracer)
+// engine (idem.Config.Tracer), of the janitor (idemjanitor.Config.Tracer)
 // and of idemclient's Transport (Transport.Tracer); idemhttp and ideminbox
 // find it on their engine. You get one span per idempotent request
 // (idem.request) or message (idem.message) with its outcome, whether it

@@ -15,6 +15,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemclient"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemjanitor"
 	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemotel"
 )
@@ -32,7 +33,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	engine, _ := idem.NewEngine(store, &idem.Config{Tracer: tracer})
-	janitor, _ := idem.NewJanitor(store, &idem.JanitorConfig{Tracer: tracer})
+	janitor, _ := idemjanitor.NewJanitor(store, &idemjanitor.Config{Tracer: tracer})
 	go janitor.Run(context.Background()) //nolint:errcheck // returns when its context ends
 	mw, _ := idemhttp.NewMiddleware(engine, &idemhttp.Config{SharedKeySpace: true})
 	mux := http.NewServeMux()

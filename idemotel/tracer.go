@@ -19,6 +19,7 @@ import (
 	"github.com/idem-go/idem/idemclient"
 	"github.com/idem-go/idem/idemfront"
 	"github.com/idem-go/idem/ideminbox"
+	"github.com/idem-go/idem/idemjanitor"
 	"github.com/idem-go/idem/internal/fieldtext"
 )
 
@@ -82,7 +83,7 @@ type Config struct {
 // request, message or operation, a child span per store call, span events
 // for lease events, and metrics named like idemprom's, dotted
 // (idem.requests, idem.store.operation.duration, …). Set it in
-// idem.Config.Tracer, idem.JanitorConfig.Tracer and
+// idem.Config.Tracer, idemjanitor.Config.Tracer and
 // idemclient.Transport.Tracer. It is safe for concurrent use.
 type Tracer struct {
 	tracer       trace.Tracer
@@ -190,7 +191,7 @@ var (
 	_ idem.Tracer             = (*Tracer)(nil)
 	_ idem.StoreTracer        = (*Tracer)(nil)
 	_ idem.LeaseTracer        = (*Tracer)(nil)
-	_ idem.PurgeTracer        = (*Tracer)(nil)
+	_ idemjanitor.PurgeTracer = (*Tracer)(nil)
 	_ idemfront.RequestTracer = (*Tracer)(nil)
 	_ ideminbox.MessageTracer = (*Tracer)(nil)
 	_ idemclient.ClientTracer = (*Tracer)(nil)
@@ -401,9 +402,9 @@ func (t *Tracer) TraceLease(ctx context.Context, d idem.TraceLeaseData) {
 	}
 }
 
-// TracePurge implements idem.PurgeTracer: a span "idem.purge" covering
+// TracePurge implements idemjanitor.PurgeTracer: a span "idem.purge" covering
 // the pass, and the purge counters.
-func (t *Tracer) TracePurge(ctx context.Context, d idem.TracePurgeData) {
+func (t *Tracer) TracePurge(ctx context.Context, d idemjanitor.TracePurgeData) {
 	t.purged.Add(ctx, int64(d.Deleted))
 	t.purgeBatches.Add(ctx, int64(d.Batches))
 	cancelled := errors.Is(d.Err, context.Canceled)

@@ -23,6 +23,7 @@ import (
 	"github.com/idem-go/idem/idemclient"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/ideminbox"
+	"github.com/idem-go/idem/idemjanitor"
 	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemotel"
 	"github.com/idem-go/idem/internal/obsload"
@@ -368,7 +369,7 @@ func TestClientAttempts(t *testing.T) {
 // TestPurgeSpan: a span per pass with the count deleted.
 func TestPurgeSpan(t *testing.T) {
 	e := newOtel(t, sdktrace.AlwaysSample(), idemotel.Config{})
-	j, err := idem.NewJanitor(idemmem.NewStore(nil), &idem.JanitorConfig{Tracer: e.tracer, Logger: quiet})
+	j, err := idemjanitor.NewJanitor(idemmem.NewStore(nil), &idemjanitor.Config{Tracer: e.tracer, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

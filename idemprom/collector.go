@@ -13,6 +13,7 @@ import (
 	"github.com/idem-go/idem/idemclient"
 	"github.com/idem-go/idem/idemfront"
 	"github.com/idem-go/idem/ideminbox"
+	"github.com/idem-go/idem/idemjanitor"
 )
 
 // Default bucket boundaries, in seconds or bytes.
@@ -61,7 +62,7 @@ type Config struct {
 
 // Collector is a tracer (idem.Tracer, with every optional interface, and
 // idemclient.ClientTracer) that counts what it observes in Prometheus
-// metrics. Set it in idem.Config.Tracer, idem.JanitorConfig.Tracer and
+// metrics. Set it in idem.Config.Tracer, idemjanitor.Config.Tracer and
 // idemclient.Transport.Tracer; one Collector serves any number of
 // engines, janitors and transports. It is safe for concurrent use.
 //
@@ -445,8 +446,8 @@ func (c *Collector) TraceLease(_ context.Context, d idem.TraceLeaseData) {
 	}
 }
 
-// TracePurge implements idem.PurgeTracer.
-func (c *Collector) TracePurge(_ context.Context, d idem.TracePurgeData) {
+// TracePurge implements idemjanitor.PurgeTracer.
+func (c *Collector) TracePurge(_ context.Context, d idemjanitor.TracePurgeData) {
 	c.purged.Add(float64(d.Deleted))
 	c.purgeBatches.Add(float64(d.Batches))
 	if d.Err != nil && !errors.Is(d.Err, context.Canceled) {
@@ -512,7 +513,7 @@ var (
 	_ idem.Tracer             = (*Collector)(nil)
 	_ idem.StoreTracer        = (*Collector)(nil)
 	_ idem.LeaseTracer        = (*Collector)(nil)
-	_ idem.PurgeTracer        = (*Collector)(nil)
+	_ idemjanitor.PurgeTracer = (*Collector)(nil)
 	_ idemfront.RequestTracer = (*Collector)(nil)
 	_ ideminbox.MessageTracer = (*Collector)(nil)
 	_ idemclient.ClientTracer = (*Collector)(nil)

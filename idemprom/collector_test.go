@@ -23,6 +23,7 @@ import (
 	"github.com/idem-go/idem/idemfront"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/ideminbox"
+	"github.com/idem-go/idem/idemjanitor"
 	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemprom"
 	"github.com/idem-go/idem/internal/obsload"
@@ -343,7 +344,7 @@ func TestPurge(t *testing.T) {
 		}
 	}
 	clk.Add(2 * time.Hour)
-	j, err := idem.NewJanitor(store, &idem.JanitorConfig{Tracer: c, BatchSize: 10, Logger: quiet})
+	j, err := idemjanitor.NewJanitor(store, &idemjanitor.Config{Tracer: c, BatchSize: 10, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

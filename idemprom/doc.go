@@ -2,7 +2,7 @@
 //
 // NewCollector returns a Collector, registered with a Prometheus
 // registry. Set it as the tracer of the engine (idem.Config.Tracer), of
-// the janitor (idem.JanitorConfig.Tracer) and of idemclient's Transport
+// the janitor (idemjanitor.Config.Tracer) and of idemclient's Transport
 // (Transport.Tracer); idemhttp and ideminbox find it on their engine. You
 // get the requests by outcome, method and route, the time handlers take
 // to run and commit, every store call's duration, the keys in flight, lost

@@ -14,6 +14,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemclient"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemjanitor"
 	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemprom"
 )
@@ -27,7 +28,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	engine, _ := idem.NewEngine(store, &idem.Config{Tracer: metrics})
-	janitor, _ := idem.NewJanitor(store, &idem.JanitorConfig{Tracer: metrics})
+	janitor, _ := idemjanitor.NewJanitor(store, &idemjanitor.Config{Tracer: metrics})
 	go janitor.Run(context.Background()) //nolint:errcheck // returns when its context ends
 	mw, _ := idemhttp.NewMiddleware(engine, &idemhttp.Config{SharedKeySpace: true})
 	mux := http.NewServeMux()

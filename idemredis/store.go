@@ -221,7 +221,7 @@ func (s *Store) Get(ctx context.Context, tenant, key string) (*idem.Record, erro
 // Purge implements idem.Store and deletes nothing: every record carries a
 // TTL that ends with its retention (or its lease, if that ends later), so
 // Redis deletes expired records itself, and a scan of the keyspace for
-// them would only load the server. It returns 0, so an idem.Janitor
+// them would only load the server. It returns 0, so an idemjanitor.Janitor
 // pointed at this store is harmless but useless.
 func (s *Store) Purge(ctx context.Context, p idem.PurgeParams) (int, error) {
 	return 0, ctx.Err()

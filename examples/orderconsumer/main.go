@@ -27,6 +27,7 @@ import (
 	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/ideminbox/idemamqp"
 	"github.com/idem-go/idem/ideminbox/idemjetstream"
+	"github.com/idem-go/idem/idemjanitor"
 	"github.com/idem-go/idem/idemmigrate"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsql"
@@ -224,7 +225,7 @@ func consume(ctx context.Context, o options) error {
 	defer inbox.Close(context.WithoutCancel(ctx))
 	// Consumer keys are purged after their retention (7 days by default),
 	// like HTTP keys.
-	janitor, err := idem.NewJanitor(d.store, &idem.JanitorConfig{Logger: logger})
+	janitor, err := idemjanitor.NewJanitor(d.store, &idemjanitor.Config{Logger: logger})
 	if err != nil {
 		return err
 	}

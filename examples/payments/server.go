@@ -14,6 +14,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/examples/payments/cardnet"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemjanitor"
 	"github.com/idem-go/idem/idempg"
 )
 
@@ -33,7 +34,7 @@ type server struct {
 	http    *http.Server
 	pool    *pgxpool.Pool
 	engine  *idem.Engine
-	janitor *idem.Janitor
+	janitor *idemjanitor.Janitor
 	// stop ends the handlers that run on after their client went away
 	// (idemhttp's ShutdownContext), once Shutdown's grace period is over.
 	stop context.CancelFunc
@@ -69,7 +70,7 @@ func (s *server) open(ctx context.Context, c serverConfig) error {
 	if err != nil {
 		return err
 	}
-	s.janitor, err = idem.NewJanitor(store, &idem.JanitorConfig{Logger: c.logger})
+	s.janitor, err = idemjanitor.NewJanitor(store, &idemjanitor.Config{Logger: c.logger})
 	if err != nil {
 		return err
 	}

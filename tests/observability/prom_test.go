@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemjanitor"
 	"github.com/idem-go/idem/idemprom"
 	"github.com/idem-go/idem/internal/obsload"
 )
@@ -221,7 +222,7 @@ func purge(t *testing.T, s idem.Store, c *idemprom.Collector, reg *prometheus.Re
 	if name == "redis" {
 		expired = 0
 	}
-	j, err := idem.NewJanitor(s, &idem.JanitorConfig{Tracer: c, BatchSize: 5, Logger: quiet})
+	j, err := idemjanitor.NewJanitor(s, &idemjanitor.Config{Tracer: c, BatchSize: 5, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,8 +93,8 @@ var fragments = map[string]struct{ imports, before, after string }{
 		before:  "func main() {\nctx := context.Background()\nvar r *http.Request\nvar who string\n",
 		after:   "_, _, _ = engine, r, who\n}\n",
 	},
-	`janitor, err := idem.NewJanitor(store, &idem.JanitorConfig{Interval: time.Minute})`: {
-		imports: `"context"; "log"; "time"; "github.com/idem-go/idem"; "github.com/idem-go/idem/idemmem"`,
+	`janitor, err := idemjanitor.NewJanitor(store, &idemjanitor.Config{Interval: time.Minute})`: {
+		imports: `"context"; "log"; "time"; "github.com/idem-go/idem/idemjanitor"; "github.com/idem-go/idem/idemmem"`,
 		before:  "func main() {\nctx := context.Background()\nstore := idemmem.NewStore(nil)\n",
 		after:   "}\n",
 	},

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdynamo"
+	"github.com/idem-go/idem/idemjanitor"
 	"github.com/idem-go/idem/idemredis"
 )
 
@@ -190,7 +191,7 @@ func (c *Purge) purgeDynamo(ctx context.Context, opts *PurgeOpts) error {
 	if err != nil {
 		return err
 	}
-	j, err := idem.NewJanitor(store, &idem.JanitorConfig{BatchSize: opts.Batch, Logger: c.logger()})
+	j, err := idemjanitor.NewJanitor(store, &idemjanitor.Config{BatchSize: opts.Batch, Logger: c.logger()})
 	if err != nil {
 		return err
 	}

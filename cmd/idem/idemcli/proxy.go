@@ -21,6 +21,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemjanitor"
 	"github.com/idem-go/idem/idemprom"
 	"github.com/idem-go/idem/idemproxy"
 )
@@ -320,7 +321,7 @@ func (c *proxyCmd) run(ctx context.Context, o *proxyOpts) error {
 	defer stopJanitor()
 	janitorDone := make(chan struct{})
 	if o.purgeInterval > 0 && o.keys == "" {
-		j, err := idem.NewJanitor(store, &idem.JanitorConfig{Interval: o.purgeInterval, Logger: logger, Tracer: metrics})
+		j, err := idemjanitor.NewJanitor(store, &idemjanitor.Config{Interval: o.purgeInterval, Logger: logger, Tracer: metrics})
 		if err != nil {
 			return err
 		}

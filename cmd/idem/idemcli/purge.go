@@ -7,7 +7,7 @@ import (
 	"io"
 	"log/slog"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemjanitor"
 )
 
 // DefaultPurgeBatch is the --batch default of purge.
@@ -23,7 +23,7 @@ type PurgeOpts struct {
 }
 
 // Purge deletes the idempotency records past their retention, once, in
-// bounded batches (idem.Janitor.PurgeOnce), and prints how many it deleted.
+// bounded batches (idemjanitor.Janitor.PurgeOnce), and prints how many it deleted.
 // A record past retention already counts as absent; the purge only gives
 // the space back. `idem serve` runs the same janitor in the background.
 type Purge struct {
@@ -66,7 +66,7 @@ func (c *Purge) Run(ctx context.Context, opts *PurgeOpts) error {
 	if err != nil {
 		return err
 	}
-	j, err := idem.NewJanitor(store, &idem.JanitorConfig{BatchSize: opts.Batch, Logger: c.logger()})
+	j, err := idemjanitor.NewJanitor(store, &idemjanitor.Config{BatchSize: opts.Batch, Logger: c.logger()})
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/demo"
+	"github.com/idem-go/idem/idemjanitor"
 	"github.com/idem-go/idem/idemprom"
 )
 
@@ -476,7 +477,7 @@ func (c *serveCmd) run(ctx context.Context, opts *serveOpts) error {
 	defer stopJanitor()
 	// Redis expires its records by TTL: no janitor there.
 	if opts.purgeInterval > 0 && opts.keys == "" {
-		j, err := idem.NewJanitor(s.store, &idem.JanitorConfig{Interval: opts.purgeInterval, Logger: logger, Tracer: s.metrics})
+		j, err := idemjanitor.NewJanitor(s.store, &idemjanitor.Config{Interval: opts.purgeInterval, Logger: logger, Tracer: s.metrics})
 		if err != nil {
 			return err
 		}

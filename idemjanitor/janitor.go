@@ -1,17 +1,33 @@
-package idem
+// Package idemjanitor deletes expired records in the background, in
+// bounded batches, so that a store gives back the space of the keys past
+// their retention:
+//
+//	janitor, err := idemjanitor.NewJanitor(store, &idemjanitor.Config{Interval: time.Minute, Tracer: tracer})
+//	…
+//	go janitor.Run(ctx) // until ctx ends
+//
+// A record past retention already counts as absent to claims: the janitor
+// only frees its space, and a store that expires records itself (Redis,
+// DynamoDB's TTL) needs none. idem purge runs one pass from the command
+// line.
+package idemjanitor
 
 import (
 	"context"
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/fieldtext"
+	"github.com/idem-go/idem/internal/tracers"
 )
 
-// JanitorConfig configures a Janitor.
-type JanitorConfig struct {
+// Config configures a Janitor.
+type Config struct {
 	// Interval is the pause between two purge passes. Defaults to 1m.
 	Interval time.Duration
-	// BatchSize bounds each Store.Purge call, so that no delete holds locks
+	// BatchSize bounds each idem.Store.Purge call, so that no delete holds locks
 	// long enough to stall claims. Defaults to 1000.
 	BatchSize int
 	// BatchPause is a pause between two batches of one pass, leaving room
@@ -21,34 +37,35 @@ type JanitorConfig struct {
 	// errors. Defaults to slog.Default().
 	Logger *slog.Logger
 	// Tracer observes each pass when it implements PurgeTracer, and each
-	// Store.Purge call when it implements StoreTracer (the engine's
-	// tracer, typically). Defaults to none.
-	Tracer Tracer
+	// Store.Purge call when it implements idem.StoreTracer (the engine's
+	// tracer, typically: idemprom's and idemotel's implement both; the
+	// PurgeTracers inside an idem.MultiTracer are found too). Defaults to
+	// none.
+	Tracer idem.Tracer
 }
 
 // Janitor deletes expired records in the background, in bounded batches.
 // A record past retention already counts as absent to claims; the janitor
 // only gives the space back.
 type Janitor struct {
-	store  Store
+	store  idem.Store
 	name   string // the store's
-	config JanitorConfig
-	purge  PurgeTracer // nil: passes not traced
-	st     StoreTracer // nil: calls not traced
+	config Config
+	purge  []PurgeTracer // none: passes not traced
 }
 
 // NewJanitor returns a janitor over store. A nil config means the
 // defaults; a negative setting is an error.
-func NewJanitor(store Store, config *JanitorConfig) (*Janitor, error) {
+func NewJanitor(store idem.Store, config *Config) (*Janitor, error) {
 	if store == nil {
-		return nil, errors.New("idem: NewJanitor needs a store")
+		return nil, errors.New("idemjanitor: NewJanitor needs a store")
 	}
-	c := JanitorConfig{}
+	c := Config{}
 	if config != nil {
 		c = *config
 	}
 	if c.Interval < 0 || c.BatchSize < 0 || c.BatchPause < 0 {
-		return nil, errors.New("idem: JanitorConfig.Interval, BatchSize and BatchPause must not be negative")
+		return nil, errors.New("idemjanitor: Config.Interval, BatchSize and BatchPause must not be negative")
 	}
 	if c.Interval <= 0 {
 		c.Interval = time.Minute
@@ -60,21 +77,23 @@ func NewJanitor(store Store, config *JanitorConfig) (*Janitor, error) {
 		c.Logger = slog.Default()
 	}
 	j := &Janitor{store: store, name: store.Info().Name, config: c}
-	j.purge, _ = c.Tracer.(PurgeTracer)
-	j.st, _ = c.Tracer.(StoreTracer)
+	j.purge = tracers.Find[PurgeTracer](c.Tracer)
 	return j, nil
 }
 
 // PurgeOnce deletes expired records in batches until a batch comes back
 // short, and returns how many it deleted.
 func (j *Janitor) PurgeOnce(ctx context.Context) (int, error) {
-	if j.purge == nil {
+	if len(j.purge) == 0 {
 		n, _, err := j.purgeOnce(ctx)
 		return n, err
 	}
 	start := time.Now()
 	n, batches, err := j.purgeOnce(ctx)
-	j.purge.TracePurge(ctx, TracePurgeData{Store: j.name, Deleted: n, Batches: batches, Duration: time.Since(start), Err: err})
+	data := TracePurgeData{Store: j.name, Deleted: n, Batches: batches, Duration: time.Since(start), Err: err}
+	for _, t := range j.purge {
+		t.TracePurge(ctx, data)
+	}
 	return n, err
 }
 
@@ -83,8 +102,8 @@ func (j *Janitor) purgeOnce(ctx context.Context) (total, batches int, err error)
 	for {
 		var n int
 		batches++
-		err := TraceStore(ctx, j.config.Tracer, StorePurge, j.name, func(ctx context.Context) (err error) {
-			n, err = j.store.Purge(ctx, PurgeParams{Limit: j.config.BatchSize})
+		err := idem.TraceStore(ctx, j.config.Tracer, idem.StorePurge, j.name, func(ctx context.Context) (err error) {
+			n, err = j.store.Purge(ctx, idem.PurgeParams{Limit: j.config.BatchSize})
 			return err
 		})
 		total += n
@@ -114,7 +133,7 @@ func (j *Janitor) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil && !errors.Is(err, context.Canceled):
-			j.config.Logger.WarnContext(ctx, "idem: purge failed", slog.String("store", j.name), errorAttr(err), slog.Int("deleted", n))
+			j.config.Logger.WarnContext(ctx, "idem: purge failed", slog.String("store", j.name), slog.String("error", fieldtext.Escape(err.Error())), slog.Int("deleted", n))
 		case n > 0:
 			j.config.Logger.InfoContext(ctx, "idem: purged expired records", slog.Int("deleted", n), slog.String("store", j.name))
 		}
@@ -124,4 +143,22 @@ func (j *Janitor) Run(ctx context.Context) error {
 		case <-ticker.C:
 		}
 	}
+}
+
+// PurgeTracer observes the janitor's passes. Set the tracer in
+// Config.Tracer.
+type PurgeTracer interface {
+	// TracePurge is called after each pass of Janitor.PurgeOnce.
+	TracePurge(ctx context.Context, data TracePurgeData)
+}
+
+// TracePurgeData describes one purge pass.
+type TracePurgeData struct {
+	Store string
+	// Deleted is how many records the pass deleted.
+	Deleted int
+	// Batches is how many idem.Store.Purge calls it made.
+	Batches  int
+	Duration time.Duration
+	Err      error
 }
