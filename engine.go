@@ -60,7 +60,7 @@ type Config struct {
 	MaxStepBytes int
 
 	// MaxStepsBytes is the most the steps of one record may hold, names
-	// and results encoded (MarshalSteps), counting those of the earlier
+	// and results encoded as stores keep them (idemcodec), counting those of the earlier
 	// executions of the key. Defaults to 256 KiB. A step that would pass
 	// it is refused before its function runs when the record is full
 	// already, and otherwise ran and is not recorded, as for MaxStepBytes.

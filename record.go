@@ -62,7 +62,7 @@ type Result struct {
 	// the protocol has none.
 	Status int
 	// Header holds metadata to replay (for HTTP, the allowlisted response
-	// headers). Stores keep it in the canonical encoding of MarshalHeader.
+	// headers). Stores keep it in the canonical encoding of idemcodec.MarshalHeader.
 	Header map[string][]string
 	// Body is the stored payload (ModeResponse only).
 	Body []byte

@@ -84,58 +84,12 @@ type StepChecker interface {
 	CheckStep(ctx context.Context) error
 }
 
-// MarshalSteps encodes steps in the canonical form stores keep: for each
-// step, its name and its value, each as a uvarint length and its bytes.
-// The encoding of a list is the concatenation of the encodings of its
-// elements, so a store appends a step with a plain concatenation
-// (SQL ||, CONCAT, Redis APPEND). Empty or nil steps encode as nil.
-func MarshalSteps(steps []RecordedStep) []byte {
-	var out []byte
-	for _, s := range steps {
-		out = AppendStep(out, s.Name, s.Value)
-	}
-	return out
-}
-
-// AppendStep appends the encoding of one step to b and returns it.
-func AppendStep(b []byte, name string, value []byte) []byte {
-	b = binary.AppendUvarint(b, uint64(len(name)))
-	b = append(b, name...)
-	b = binary.AppendUvarint(b, uint64(len(value)))
-	return append(b, value...)
-}
-
-// UnmarshalSteps decodes what MarshalSteps encoded. A name recorded twice
-// keeps its first value. It never keeps b: the values are copies.
-func UnmarshalSteps(b []byte) ([]RecordedStep, error) {
-	var steps []RecordedStep
-	seen := map[string]bool{}
-	for len(b) > 0 {
-		name, rest, err := cutField(b)
-		if err != nil {
-			return nil, err
-		}
-		value, rest, err := cutField(rest)
-		if err != nil {
-			return nil, err
-		}
-		b = rest
-		if seen[string(name)] {
-			continue
-		}
-		seen[string(name)] = true
-		steps = append(steps, RecordedStep{Name: string(name), Value: append([]byte{}, value...)})
-	}
-	return steps, nil
-}
-
-func cutField(b []byte) (field, rest []byte, err error) {
-	n, size := binary.Uvarint(b)
-	if size <= 0 || n > uint64(len(b)-size) {
-		return nil, nil, fmt.Errorf("idem: malformed recorded steps (%d bytes left)", len(b))
-	}
-	end := size + int(n)
-	return b[size:end], b[end:], nil
+// stepSize is the size of one step in the encoding stores keep
+// (idemcodec.AppendStep): its name and its value, each after its length
+// as a uvarint.
+func stepSize(name string, value []byte) int {
+	var n [binary.MaxVarintLen64]byte
+	return binary.PutUvarint(n[:], uint64(len(name))) + len(name) + binary.PutUvarint(n[:], uint64(len(value))) + len(value)
 }
 
 // Step runs fn once per operation: the first execution of the key that
@@ -271,7 +225,9 @@ func (st *execState) initSteps(e *Engine, op Operation, unit UnitOfWork, recorde
 	if n := len(recorded); n > 0 {
 		st.recorded = recorded
 		st.info.RecoveryPoint = recorded[n-1].Name
-		st.stepsBytes = len(MarshalSteps(recorded))
+		for _, r := range recorded {
+			st.stepsBytes += stepSize(r.Name, r.Value)
+		}
 	}
 }
 
@@ -289,7 +245,7 @@ func (st *execState) reserve(name string, value []byte) (int, error) {
 	if len(value) > st.maxStep {
 		return 0, fmt.Errorf("%w: step %q: %w: its result is %d bytes, over MaxStepBytes (%d)", ErrStepNotSaved, name, ErrStepTooLarge, len(value), st.maxStep)
 	}
-	size := len(AppendStep(nil, name, value))
+	size := stepSize(name, value)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.stepsBytes+size > st.maxSteps {

@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // fence is the condition of every write of the lease holder: the record
@@ -107,7 +108,7 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 // returns. A name saved twice keeps its first value when read.
 func (s *Store) SaveStep(ctx context.Context, p idem.SaveStepParams) error {
 	values := fenceValues(p.Token)
-	values[":one"] = &types.AttributeValueMemberL{Value: []types.AttributeValue{bin(idem.AppendStep(nil, p.Name, p.Value))}}
+	values[":one"] = &types.AttributeValueMemberL{Value: []types.AttributeValue{bin(idemcodec.AppendStep(nil, p.Name, p.Value))}}
 	values[":none"] = &types.AttributeValueMemberL{Value: []types.AttributeValue{}}
 	_, err := s.api.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 s.table,

@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // modeNames are the stored names of the storage modes: words, so that an
@@ -141,7 +142,7 @@ func (s *Store) decode(ctx context.Context, item map[string]types.AttributeValue
 	rec.Result = idem.Result{Mode: mode, Status: int(status)}
 	rec.Result.Reference, _ = getS(item, attrReference)
 	if h := getB(item, attrHeader); len(h) > 0 {
-		if rec.Result.Header, err = idem.UnmarshalHeader(h); err != nil {
+		if rec.Result.Header, err = idemcodec.UnmarshalHeader(h); err != nil {
 			return nil, fmt.Errorf("idemdynamo: stored header: %w", err)
 		}
 	}
@@ -166,7 +167,7 @@ func (s *Store) decode(ctx context.Context, item map[string]types.AttributeValue
 
 // decodeSteps reads the recovery points of an item: a list of encoded
 // steps, in the order they were saved; a name saved twice keeps its
-// first value (idem.UnmarshalSteps).
+// first value (idemcodec.UnmarshalSteps).
 func decodeSteps(item map[string]types.AttributeValue) ([]idem.RecordedStep, error) {
 	list, ok := item[attrSteps].(*types.AttributeValueMemberL)
 	if !ok || len(list.Value) == 0 {
@@ -180,7 +181,7 @@ func decodeSteps(item map[string]types.AttributeValue) ([]idem.RecordedStep, err
 		}
 		all = append(all, b.Value...)
 	}
-	steps, err := idem.UnmarshalSteps(all)
+	steps, err := idemcodec.UnmarshalSteps(all)
 	if err != nil {
 		return nil, fmt.Errorf("idemdynamo: stored steps: %w", err)
 	}

@@ -128,10 +128,10 @@ const (
 	attrTTL         = "ttl"   // N: Unix seconds, for DynamoDB's TTL
 	attrMode        = "m"     // S: the storage mode's name
 	attrStatus      = "sc"    // N
-	attrHeader      = "h"     // B: idem.MarshalHeader, absent when empty
+	attrHeader      = "h"     // B: idemcodec.MarshalHeader, absent when empty
 	attrBody        = "b"     // B, absent when empty or chunked
 	attrReference   = "ref"   // S, absent when empty
-	attrSteps       = "steps" // L of B: each an idem.AppendStep encoding
+	attrSteps       = "steps" // L of B: each an idemcodec.AppendStep encoding
 	attrChunks      = "bn"    // N: how many chunk items hold the body
 	attrChunkToken  = "bt"    // S: the token the chunks were written under
 	attrData        = "d"     // B: a chunk's part of the body

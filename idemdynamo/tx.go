@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // MaxWrites is how many business writes one unit of work may hold:
@@ -139,7 +140,7 @@ func (u *unit) Complete(ctx context.Context, p idem.CompleteParams) error {
 	if _, known := modeNames[p.Result.Mode.String()]; !known {
 		return fmt.Errorf("idemdynamo: complete: unknown storage mode %d", p.Result.Mode)
 	}
-	header, err := idem.MarshalHeader(p.Result.Header)
+	header, err := idemcodec.MarshalHeader(p.Result.Header)
 	if err != nil {
 		return fmt.Errorf("idemdynamo: complete: %w", err)
 	}

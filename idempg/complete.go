@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -31,7 +32,7 @@ var completeFormats = []int16{0, 0, 0, 0, 0, 0, 1, 0}
 // completeValues encodes p for completeSQL. A nil value is SQL NULL.
 func completeValues(p idem.CompleteParams) ([][]byte, error) {
 	res := p.Result
-	header, err := idem.MarshalHeader(res.Header)
+	header, err := idemcodec.MarshalHeader(res.Header)
 	if err != nil {
 		return nil, fmt.Errorf("idempg: encode result header: %w", err)
 	}
@@ -303,7 +304,7 @@ func readPipeline(pl *pgconn.Pipeline) (r pipelined) {
 // writes, roll tx back and call CompleteTx in a new transaction.
 func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p idem.CompleteParams) error {
 	res := p.Result
-	header, err := idem.MarshalHeader(res.Header)
+	header, err := idemcodec.MarshalHeader(res.Header)
 	if err != nil {
 		return fmt.Errorf("idempg: encode result header: %w", err)
 	}

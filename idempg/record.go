@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // recordColumns lists what a record is read from, in scannedRecord.dest
@@ -39,7 +40,7 @@ func (r *scannedRecord) dest() []any {
 func (r *scannedRecord) present() bool { return r.state != nil }
 
 func (r *scannedRecord) record(tenant, key string) (*idem.Record, error) {
-	header, err := idem.UnmarshalHeader(r.headers)
+	header, err := idemcodec.UnmarshalHeader(r.headers)
 	if err != nil {
 		return nil, err
 	}

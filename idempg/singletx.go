@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -407,7 +408,7 @@ func (u *singleUnit) prepare(ctx context.Context, name, query string) (sd, unloc
 // insertValues encodes p for singleInsertSQL.
 func (u *singleUnit) insertValues(p idem.CompleteParams) ([][]byte, error) {
 	res := p.Result
-	header, err := idem.MarshalHeader(res.Header)
+	header, err := idemcodec.MarshalHeader(res.Header)
 	if err != nil {
 		return nil, fmt.Errorf("idempg: encode result header: %w", err)
 	}

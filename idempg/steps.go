@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // saveStepSQL appends one step to the record's recovery points, fenced by
@@ -25,7 +26,7 @@ WHERE tenant_id = $1 AND idem_key = $2 AND lease_token = $3 AND state = 'in_flig
 //
 // A name saved twice by one execution (two Steps of one name run at once)
 // is stored twice, and only its first value is ever read back
-// (idem.UnmarshalSteps keeps the first): checking first would cost a read,
+// (idemcodec.UnmarshalSteps keeps the first): checking first would cost a read,
 // or a lock, on every step, for a mistake of the handler's. Executions
 // that take a key over never save a name again, since idem.Step returns
 // the recorded value instead of running the step.
@@ -33,7 +34,7 @@ func (s *Store) SaveStep(ctx context.Context, p idem.SaveStepParams) error {
 	if err := checkIdentity(p.Tenant, p.Key); err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, saveStepSQL, p.Tenant, p.Key, p.Token, idem.AppendStep(nil, p.Name, p.Value))
+	tag, err := s.pool.Exec(ctx, saveStepSQL, p.Tenant, p.Key, p.Token, idemcodec.AppendStep(nil, p.Name, p.Value))
 	if err != nil {
 		return interpretError(err)
 	}
@@ -48,5 +49,5 @@ func decodeSteps(b []byte) ([]idem.RecordedStep, error) {
 	if len(b) == 0 {
 		return nil, nil
 	}
-	return idem.UnmarshalSteps(b)
+	return idemcodec.UnmarshalSteps(b)
 }

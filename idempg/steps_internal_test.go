@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -36,7 +37,7 @@ func stepsEnv(t *testing.T) (*Store, *pgxpool.Pool) {
 func stepsOf(pairs ...string) []byte {
 	var b []byte
 	for i := 0; i < len(pairs); i += 2 {
-		b = idem.AppendStep(b, pairs[i], []byte(pairs[i+1]))
+		b = idemcodec.AppendStep(b, pairs[i], []byte(pairs[i+1]))
 	}
 	return b
 }

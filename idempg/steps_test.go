@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 	"github.com/idem-go/idem/idempg"
 )
 
@@ -227,7 +228,7 @@ func TestTakeoverSeesStepCommittedAfterItsSnapshot(t *testing.T) {
 			}
 			defer holder.Rollback(ctx)
 			if _, err := holder.Exec(ctx, `UPDATE idem_keys SET steps = steps || $1::bytea WHERE idem_key = 'k' AND lease_token = 1`,
-				idem.AppendStep(nil, "email", []byte("true"))); err != nil {
+				idemcodec.AppendStep(nil, "email", []byte("true"))); err != nil {
 				t.Fatal(err)
 			}
 			type answer struct {

@@ -113,7 +113,7 @@
 // Its fields (state, token, fingerprint, locked_until, created_at,
 // expires_at, steps once a step is recorded, and once complete:
 // completed_at, mode, status, header, body, reference, completion_id) read
-// plainly with HGETALL, but for steps, which holds idem.MarshalSteps's
+// plainly with HGETALL, but for steps, which holds idemcodec.MarshalSteps's
 // encoding; times are microseconds since the Unix epoch on the server's
 // clock. The channel Watch listens on has the record's key for its name,
 // so on a Cluster it is in the record's slot.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // modeNames are the stored names of the storage modes: words rather than
@@ -63,7 +64,7 @@ func decodeRecord(f map[string]string) (*idem.Record, error) {
 	if rec.Result.Status, err = strconv.Atoi(f["status"]); err != nil {
 		return nil, fmt.Errorf("idemredis: stored status: %w", err)
 	}
-	if rec.Result.Header, err = idem.UnmarshalHeader([]byte(f["header"])); err != nil {
+	if rec.Result.Header, err = idemcodec.UnmarshalHeader([]byte(f["header"])); err != nil {
 		return nil, err
 	}
 	if body := f["body"]; body != "" {

@@ -81,7 +81,7 @@ local function notify(cmd, what)
 end
 `
 
-// luaSteps reads the encoding of recorded steps (idem.MarshalSteps: for
+// luaSteps reads the encoding of recorded steps (idemcodec.MarshalSteps: for
 // each step, its name and its value, each a uvarint length and its
 // bytes).
 const luaSteps = `
@@ -265,7 +265,7 @@ return 1
 // It has no flags: its first write, an HSET, is refused on a full server
 // before anything is written (see above).
 //
-// ARGV: token, name, the step encoded by idem.AppendStep. Returns 1, or 0
+// ARGV: token, name, the step encoded by idemcodec.AppendStep. Returns 1, or 0
 // when the lease is lost.
 var saveStepScript = newScript("", luaSteps+`
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'steps')

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // SaveStep implements idem.StepStore: it records one step of the
@@ -31,7 +32,7 @@ func (s *Store) SaveStep(ctx context.Context, p idem.SaveStepParams) error {
 		return errors.New("idemredis: save step: the step has no name")
 	}
 	ok, err := s.run(ctx, saveStepScript, s.key(p.Tenant, p.Key),
-		strconv.FormatInt(p.Token, 10), p.Name, idem.AppendStep(nil, p.Name, p.Value)).Int()
+		strconv.FormatInt(p.Token, 10), p.Name, idemcodec.AppendStep(nil, p.Name, p.Value)).Int()
 	if err != nil {
 		return fmt.Errorf("idemredis: save step: %w", err)
 	}
@@ -46,7 +47,7 @@ func decodeSteps(b string) ([]idem.RecordedStep, error) {
 	if b == "" {
 		return nil, nil
 	}
-	steps, err := idem.UnmarshalSteps([]byte(b))
+	steps, err := idemcodec.UnmarshalSteps([]byte(b))
 	if err != nil {
 		return nil, fmt.Errorf("idemredis: stored steps: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 	"github.com/idem-go/idem/internal/atonce"
 	"github.com/redis/go-redis/v9"
 )
@@ -77,8 +78,8 @@ func TestSaveStepFenced(t *testing.T) {
 		}
 	}
 	size := s.client.HStrLen(ctx, s.key("t", "k"), "steps").Val()
-	if size != int64(len(idem.MarshalSteps(want))) {
-		t.Fatalf("steps field holds %d bytes, want %d", size, len(idem.MarshalSteps(want)))
+	if size != int64(len(idemcodec.MarshalSteps(want))) {
+		t.Fatalf("steps field holds %d bytes, want %d", size, len(idemcodec.MarshalSteps(want)))
 	}
 	// Saved again, with other values: the first stay, nothing is added.
 	for _, name := range []string{"charge", long} {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // tx is the unit of work of a store without transactions: Context hands
@@ -37,7 +38,7 @@ func (t tx) Complete(ctx context.Context, p idem.CompleteParams) error {
 	if _, known := modeNames[p.Result.Mode.String()]; !known {
 		return fmt.Errorf("idemredis: complete: unknown storage mode %d", p.Result.Mode)
 	}
-	header, err := idem.MarshalHeader(p.Result.Header)
+	header, err := idemcodec.MarshalHeader(p.Result.Header)
 	if err != nil {
 		return fmt.Errorf("idemredis: complete: %w", err)
 	}

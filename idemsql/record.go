@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // scanRecord reads one row of recordColumns, then the columns that
@@ -39,7 +40,7 @@ func scanRecord(d *dialect, row interface{ Scan(...any) error }, extra ...any) (
 	rec.Result.Status = int(status.Int64)
 	rec.Result.Reference = ref.String
 	var err error
-	if rec.Result.Header, err = idem.UnmarshalHeader(headers); err != nil {
+	if rec.Result.Header, err = idemcodec.UnmarshalHeader(headers); err != nil {
 		return nil, nil, err
 	}
 	if len(rec.Fingerprint) == 0 {
@@ -58,7 +59,7 @@ func decodeSteps(b []byte) ([]idem.RecordedStep, error) {
 	if len(b) == 0 {
 		return nil, nil
 	}
-	steps, err := idem.UnmarshalSteps(b)
+	steps, err := idemcodec.UnmarshalSteps(b)
 	if err != nil {
 		return nil, fmt.Errorf("idemsql: %w", err)
 	}

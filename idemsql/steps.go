@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // ErrStepAfterStatement is returned, on SQLite, for a step (idem.Step)
@@ -36,10 +37,10 @@ var ErrStepAfterStatement = errors.New("idemsql: on SQLite a step must come befo
 //
 // A name saved twice by one execution (two Steps of one name run at once)
 // is stored twice, and only its first value is ever read back
-// (idem.UnmarshalSteps keeps the first): checking first would cost a read
+// (idemcodec.UnmarshalSteps keeps the first): checking first would cost a read
 // on every step for a mistake of the handler's.
 func (s *Store) SaveStep(ctx context.Context, p idem.SaveStepParams) error {
-	step := idem.AppendStep(nil, p.Name, p.Value)
+	step := idemcodec.AppendStep(nil, p.Name, p.Value)
 	args := s.d.saveStep.args(map[string]any{"tenant": p.Tenant, "key": p.Key, "token": p.Token, "step": step, "step_len": len(step)})
 	var res sql.Result
 	err := s.retry(ctx, func() (err error) {

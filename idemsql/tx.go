@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // txKey is the context key under which TxFromContext finds the handler's
@@ -193,7 +194,7 @@ func completeArgs(q query, p idem.CompleteParams, unit string) ([]any, error) {
 
 // completeValues returns the named arguments of a completion for p.
 func completeValues(p idem.CompleteParams, unit string) (map[string]any, error) {
-	headers, err := idem.MarshalHeader(p.Result.Header)
+	headers, err := idemcodec.MarshalHeader(p.Result.Header)
 	if err != nil {
 		return nil, fmt.Errorf("idemsql: complete: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // stepsThroughEngine: what idem.Step does over the store once the lease is
@@ -217,7 +218,7 @@ func (s *suite) stepsThroughEngine(t *testing.T) {
 			h.t.Errorf("the takeover ran %d step functions, want none (s1 recorded, s4 refused)", n)
 		}
 		rec := h.get(h.fx.Store, full.Key)
-		if len(rec.Steps) != 2 || len(idem.MarshalSteps(rec.Steps)) > 2*perStep || !bytes.Contains(rec.Steps[0].Value, []byte(value)) {
+		if len(rec.Steps) != 2 || len(idemcodec.MarshalSteps(rec.Steps)) > 2*perStep || !bytes.Contains(rec.Steps[0].Value, []byte(value)) {
 			h.t.Errorf("the record holds %s, want s1 and s2 within the budget", showSteps(rec.Steps))
 		}
 	})

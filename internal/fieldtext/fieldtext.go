@@ -1,5 +1,5 @@
 // Package fieldtext says which text a stored field may hold: no control
-// character but tab. idem.UnmarshalHeader refuses the others in a stored
+// character but tab. idemcodec.UnmarshalHeader refuses the others in a stored
 // header value, idemhttp spaces them out of the headers it stores, and
 // ideminbox escapes them out of what it records about a message.
 //

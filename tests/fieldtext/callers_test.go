@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/idemmigrate"
@@ -19,7 +20,7 @@ import (
 )
 
 // The callers of fieldtext, on a real store (SQLite, whose records go
-// through idem.MarshalHeader and idem.UnmarshalHeader): a C1 control or
+// through idemcodec.MarshalHeader and idemcodec.UnmarshalHeader): a C1 control or
 // DEL never reaches a stored header value, and a stored one is refused.
 
 func sqliteStore(t *testing.T) *idemsql.Store {
@@ -38,15 +39,15 @@ func sqliteStore(t *testing.T) *idemsql.Store {
 func TestHeaderRefusesC1AndDEL(t *testing.T) {
 	for _, v := range []string{"a\u009bb", "a\u009db", "a\u0085b", "a\x7fb", "a\x1bb"} {
 		h := map[string][]string{"Location": {v}}
-		if _, err := idem.MarshalHeader(h); err == nil {
+		if _, err := idemcodec.MarshalHeader(h); err == nil {
 			t.Errorf("MarshalHeader accepts %q", v)
 		}
 		raw := []byte(`{"Location":["` + strings.ReplaceAll(strings.ReplaceAll(v, "\x7f", `\u007f`), "\x1b", `\u001b`) + `"]}`)
-		if _, err := idem.UnmarshalHeader(raw); err == nil {
+		if _, err := idemcodec.UnmarshalHeader(raw); err == nil {
 			t.Errorf("UnmarshalHeader accepts %s", raw)
 		}
 	}
-	if _, err := idem.MarshalHeader(map[string][]string{"Location": {"/orders/é\u00a0x\ty"}}); err != nil {
+	if _, err := idemcodec.MarshalHeader(map[string][]string{"Location": {"/orders/é\u00a0x\ty"}}); err != nil {
 		t.Errorf("MarshalHeader refuses printable text: %v", err)
 	}
 }

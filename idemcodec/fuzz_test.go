@@ -1,4 +1,4 @@
-package idem_test
+package idemcodec_test
 
 import (
 	"bytes"
@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // FuzzUnmarshalHeader feeds arbitrary stored bytes to UnmarshalHeader, the
@@ -20,7 +20,7 @@ import (
 //
 // The seed corpus is in testdata/fuzz/FuzzUnmarshalHeader; to fuzz:
 //
-//	go test -run '^$' -fuzz '^FuzzUnmarshalHeader$' -fuzztime 60s .
+//	go test -run '^$' -fuzz '^FuzzUnmarshalHeader$' -fuzztime 60s ./idemcodec
 func FuzzUnmarshalHeader(f *testing.F) {
 	for _, seed := range []string{
 		``,
@@ -49,7 +49,7 @@ func FuzzUnmarshalHeader(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		h, err := idem.UnmarshalHeader(b)
+		h, err := idemcodec.UnmarshalHeader(b)
 		if err != nil {
 			return
 		}
@@ -69,18 +69,18 @@ func FuzzUnmarshalHeader(f *testing.F) {
 				}
 			}
 		}
-		enc, err := idem.MarshalHeader(h)
+		enc, err := idemcodec.MarshalHeader(h)
 		if err != nil {
 			t.Fatalf("accepted %q, but MarshalHeader refuses what it decoded to: %v", b, err)
 		}
-		h2, err := idem.UnmarshalHeader(enc)
+		h2, err := idemcodec.UnmarshalHeader(enc)
 		if err != nil {
 			t.Fatalf("MarshalHeader wrote %q, which UnmarshalHeader refuses: %v", enc, err)
 		}
 		if !maps.EqualFunc(h, h2, slices.Equal) {
 			t.Fatalf("round trip changed the header: %q decoded to %q, re-decoded to %q", b, h, h2)
 		}
-		enc2, err := idem.MarshalHeader(h2)
+		enc2, err := idemcodec.MarshalHeader(h2)
 		if err != nil || !bytes.Equal(enc, enc2) {
 			t.Fatalf("encoding not stable: %q then %q (%v)", enc, enc2, err)
 		}

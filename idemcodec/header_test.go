@@ -1,9 +1,9 @@
-package idem_test
+package idemcodec_test
 
 import (
 	"testing"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemcodec"
 )
 
 // Stored names are accepted in any case (gRPC metadata keys are
@@ -14,18 +14,18 @@ func TestHeaderNamesInAnyCase(t *testing.T) {
 		{"content-type": {"application/json"}, "x-request-kind": {"a"}},
 		{"Content-Type": {"application/json"}, "ETag": {`"v1"`}},
 	} {
-		b, err := idem.MarshalHeader(h)
+		b, err := idemcodec.MarshalHeader(h)
 		if err != nil {
 			t.Fatalf("MarshalHeader(%v): %v", h, err)
 		}
-		if _, err := idem.UnmarshalHeader(b); err != nil {
+		if _, err := idemcodec.UnmarshalHeader(b); err != nil {
 			t.Fatalf("UnmarshalHeader(%s): %v", b, err)
 		}
 	}
-	if _, err := idem.MarshalHeader(map[string][]string{"Content-Type": {"a"}, "content-type": {"b"}}); err == nil {
+	if _, err := idemcodec.MarshalHeader(map[string][]string{"Content-Type": {"a"}, "content-type": {"b"}}); err == nil {
 		t.Error("MarshalHeader accepted one name in two spellings")
 	}
-	if _, err := idem.UnmarshalHeader([]byte(`{"Etag":["a"],"ETAG":["b"]}`)); err == nil {
+	if _, err := idemcodec.UnmarshalHeader([]byte(`{"Etag":["a"],"ETAG":["b"]}`)); err == nil {
 		t.Error("UnmarshalHeader accepted one name in two spellings")
 	}
 }

@@ -1,4 +1,15 @@
-package idem
+// Package idemcodec holds the encodings a store keeps a record's parts
+// in, shared by every store of this repository so that what one wrote
+// reads the same everywhere, and so that a store's author writes none:
+//
+//	header, err := idemcodec.MarshalHeader(p.Result.Header) // a canonical JSON object
+//	step := idemcodec.AppendStep(nil, p.Name, p.Value)      // append it with SQL ||, Redis APPEND
+//	steps, err := idemcodec.UnmarshalSteps(stored)          // the record's idem.RecordedStep list
+//
+// The decoders refuse what the encoders could not have written, so a
+// damaged or tampered row cannot inject a header into a replay or crash a
+// read.
+package idemcodec
 
 import (
 	"encoding/json"
