@@ -394,7 +394,7 @@ func (e *Engine) run(ctx context.Context, op Operation, token int64, claim *Clai
 	x.st.info = Execution{Tenant: op.Tenant, Key: op.Key, LeaseToken: token, Store: e.info.Name, Takeover: claim.Takeover}
 	x.st.initSteps(e, op, unit, claim.Steps)
 	if e.unitClaimer != nil {
-		x.st.stepsRefused = ErrStepsSingleTransaction
+		x.st.stepsRefused = errStepsSingleTransaction
 	}
 	if e.keeper != nil {
 		x.held = true

@@ -31,11 +31,11 @@ type UnitClaimer interface {
 	ClaimUnit(ctx context.Context, p ClaimParams, wait time.Duration) (ClaimResult, UnitOfWork, error)
 }
 
-// ErrStepsSingleTransaction is what idem.Step returns on a store in the
+// errStepsSingleTransaction is what idem.Step returns on a store in the
 // single-transaction mode: nothing of an execution outlives its
 // transaction there, so a step's record could not survive the crash it is
 // meant for. It wraps ErrStepsUnsupported.
-var ErrStepsSingleTransaction = fmt.Errorf("idem: recovery points are not kept in the single-transaction mode (a step's record would roll back with the crash it is for); use the default mode for handlers with steps: %w", ErrStepsUnsupported)
+var errStepsSingleTransaction = fmt.Errorf("idem: recovery points are not kept in the single-transaction mode (a step's record would roll back with the crash it is for); use the default mode for handlers with steps: %w", ErrStepsUnsupported)
 
 // doInUnit is Do on a store in the single-transaction mode.
 func (e *Engine) doInUnit(ctx context.Context, op Operation, fn func(ctx context.Context) (Result, error), t *opTrace) (Outcome, error) {

@@ -54,8 +54,10 @@ type RecordedStep struct {
 	Value []byte
 }
 
-// ErrStepsUnsupported is returned by Step when the engine's store does not
-// implement StepStore.
+// ErrStepsUnsupported is returned by Step, before the step's function
+// runs, when the engine's store does not implement StepStore, and, wrapped
+// in an error that says so, on a store in the single-transaction mode
+// (UnitClaimer), where nothing of an execution outlives its transaction.
 var ErrStepsUnsupported = errors.New("idem: the store does not keep recovery points (it does not implement idem.StepStore)")
 
 // ErrStepNotSaved is wrapped by the error Step returns when the step ran

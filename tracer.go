@@ -371,19 +371,6 @@ func (s storeTrace) end(ctx context.Context, err error) {
 	s.st.TraceStoreEnd(ctx, TraceStoreEndData{Operation: s.op, Store: s.store, Duration: monotonic() - s.start, Err: err})
 }
 
-// TraceStore runs call, a call of store's operation op, under tracer's
-// StoreTracer when it has one: for front ends (ideminbox) that call a
-// store directly and want the call observed like the engine's.
-func TraceStore(ctx context.Context, tracer Tracer, op StoreOperation, store string, call func(ctx context.Context) error) error {
-	st, _ := tracer.(StoreTracer)
-	if st == nil {
-		return call(ctx)
-	}
-	ctx, s := startStore(ctx, st, op, store)
-	err := call(ctx)
-	s.end(ctx, err)
-	return err
-}
 
 // The engine's store calls, traced when the tracer is a StoreTracer.
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/fieldtext"
+	"github.com/idem-go/idem/internal/tracers"
 )
 
 // ErrUnanswered is the recorded cause of a message given up without
@@ -34,7 +35,7 @@ var ErrUnanswered = errors.New("ideminbox: delivered more than MaxAttempts times
 // either: the message is recorded as poison without running again.
 func (in *Inbox) unanswered(ctx context.Context, op idem.Operation, msg Message, attempt int) (Decision, error, bool) {
 	var rec *idem.Record
-	err := idem.TraceStore(ctx, in.engine.Config().Tracer, idem.StoreGet, in.store.Info().Name, func(ctx context.Context) (err error) {
+	err := tracers.Store(ctx, in.engine.Config().Tracer, idem.StoreGet, in.store.Info().Name, func(ctx context.Context) (err error) {
 		rec, err = in.store.Get(ctx, op.Tenant, op.Key)
 		return err
 	})

@@ -102,7 +102,7 @@ func (j *Janitor) purgeOnce(ctx context.Context) (total, batches int, err error)
 	for {
 		var n int
 		batches++
-		err := idem.TraceStore(ctx, j.config.Tracer, idem.StorePurge, j.name, func(ctx context.Context) (err error) {
+		err := tracers.Store(ctx, j.config.Tracer, idem.StorePurge, j.name, func(ctx context.Context) (err error) {
 			n, err = j.store.Purge(ctx, idem.PurgeParams{Limit: j.config.BatchSize})
 			return err
 		})

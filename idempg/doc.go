@@ -150,7 +150,7 @@
 //     inspect and the console see a key only once it is complete, and
 //     there is nothing in flight to release by hand (end the holder's
 //     backend instead);
-//   - recovery points: idem.Step fails with idem.ErrStepsSingleTransaction
+//   - recovery points: idem.Step fails with idem.ErrStepsUnsupported
 //     before its function runs, since a step's record would roll back
 //     with the crash it is for; keep handlers with steps in the default
 //     mode;

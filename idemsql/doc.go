@@ -168,7 +168,7 @@
 //     idem inspect and the console see a key only once it is complete
 //     (or not at all, if it rolls back), and there is nothing in flight
 //     to release by hand;
-//   - recovery points: idem.Step fails with idem.ErrStepsSingleTransaction
+//   - recovery points: idem.Step fails with idem.ErrStepsUnsupported
 //     before its function runs, since a step's record would roll back with
 //     the crash it is for; keep handlers with steps in the default mode;
 //   - the execution holds a connection (on SQLite, the write lock) from

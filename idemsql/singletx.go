@@ -43,7 +43,7 @@ type Option func(*Store)
 // (idem.Operation.WaitInFlight), then replays its answer; past the limit
 // it gets idem.ErrInFlight. There is no lease to extend and nothing to take
 // over: the database rolls a dead holder's transaction back. Recovery
-// points are refused (idem.ErrStepsSingleTransaction), and an execution
+// points are refused (idem.ErrStepsUnsupported), and an execution
 // in flight is invisible to Get, Watch and idem inspect until it commits.
 //
 // Store.Claim and Store.Begin keep the default mode's behaviour, for other

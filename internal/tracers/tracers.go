@@ -1,10 +1,18 @@
-// Package tracers finds the optional interfaces of the packages outside
-// the root (idemfront's request tracer, idemjanitor's purge tracer) on an
-// engine's tracer, including inside idem.MultiTracer, which implements
-// only the root's interfaces and lists its tracers with Unwrap.
+// Package tracers serves the packages around the engine that observe
+// through its tracer: it finds their optional interfaces (idemfront's
+// request tracer, idemjanitor's purge tracer) on an engine's tracer,
+// including inside idem.MultiTracer, which implements only the root's
+// interfaces and lists its tracers with Unwrap; and it traces the store
+// calls they make themselves as the engine traces its own.
 package tracers
 
-import "github.com/idem-go/idem"
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/idem-go/idem"
+)
 
 // Find returns the tracers of t that implement T: t itself, or those
 // idem.MultiTracer combined, in order. Nil when none does.
@@ -21,4 +29,24 @@ func Find[T any](t idem.Tracer) []T {
 		out = append(out, Find[T](t)...)
 	}
 	return out
+}
+
+// Store runs call, a call of store's operation op, under tracer's
+// idem.StoreTracer when it has one, reported as the engine reports its
+// own store calls: a record not found (idem.ErrNotFound) is an answer,
+// not an error. It returns call's error unchanged.
+func Store(ctx context.Context, tracer idem.Tracer, op idem.StoreOperation, store string, call func(ctx context.Context) error) error {
+	st, _ := tracer.(idem.StoreTracer)
+	if st == nil {
+		return call(ctx)
+	}
+	ctx = st.TraceStoreStart(ctx, idem.TraceStoreStartData{Operation: op, Store: store})
+	start := time.Now()
+	err := call(ctx)
+	reported := err
+	if errors.Is(err, idem.ErrNotFound) {
+		reported = nil
+	}
+	st.TraceStoreEnd(ctx, idem.TraceStoreEndData{Operation: op, Store: store, Duration: time.Since(start), Err: reported})
+	return err
 }
