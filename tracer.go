@@ -371,7 +371,6 @@ func (s storeTrace) end(ctx context.Context, err error) {
 	s.st.TraceStoreEnd(ctx, TraceStoreEndData{Operation: s.op, Store: s.store, Duration: monotonic() - s.start, Err: err})
 }
 
-
 // The engine's store calls, traced when the tracer is a StoreTracer.
 
 func (e *Engine) claim(ctx context.Context, p ClaimParams) (ClaimResult, error) {
