@@ -193,7 +193,7 @@ func NewMiddleware(engine *idem.Engine, config *Config) (*Middleware, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	front, err := idemfront.New(engine, &idemfront.Config{RetryAfter: cfg.RetryAfter})
+	front, err := idemfront.NewFront(engine, &idemfront.Config{RetryAfter: cfg.RetryAfter})
 	if err != nil {
 		return nil, err
 	}

@@ -37,11 +37,11 @@ type Front struct {
 	transactional bool
 }
 
-// New returns the kit for a front end over engine. A nil config means
+// NewFront returns the kit for a front end over engine. A nil config means
 // every default.
-func New(engine *idem.Engine, config *Config) (*Front, error) {
+func NewFront(engine *idem.Engine, config *Config) (*Front, error) {
 	if engine == nil {
-		return nil, errors.New("idemfront: New needs an engine")
+		return nil, errors.New("idemfront: NewFront needs an engine")
 	}
 	f := &Front{retryAfter: DefaultRetryAfter, transactional: engine.Store().Info().Transactional}
 	if config != nil && config.RetryAfter > 0 {
@@ -167,6 +167,12 @@ func (f *Front) Classify(err error, s State) Answer {
 		a.Kind, a.Retry, a.Undone = StepNotSaved, RetryLater, false
 	case errors.Is(err, idem.ErrClosed):
 		a.Kind, a.Retry = Closed, RetryLater
+	case errors.Is(err, idem.ErrOutcomeUnknown):
+		// The handler said its effects may have happened (idem.OutcomeUnknown):
+		// its writes are rolled back, but what it did elsewhere may stand,
+		// and the key is held until its lease ends. A front end with words
+		// of its own for it (idemproxy's 502 and 504) answers it first.
+		a.Kind, a.Retry, a.Undone = Internal, RetryLater, false
 	case errors.Is(err, idem.ErrWritesAborted):
 		a.Kind, a.Retry = Internal, RetryNow
 	default:

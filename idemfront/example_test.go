@@ -13,7 +13,7 @@ import (
 // protocol's codes: here, gRPC's.
 func Example() {
 	engine, _ := idem.NewEngine(idemmem.NewStore(nil), nil)
-	front, _ := idemfront.New(engine, nil)
+	front, _ := idemfront.NewFront(engine, nil)
 
 	grpcCode := func(a idemfront.Answer) string {
 		switch a.Kind {

@@ -19,7 +19,7 @@ func newFront(t *testing.T, cfg *idemfront.Config) *idemfront.Front {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := idemfront.New(engine, cfg)
+	f, err := idemfront.NewFront(engine, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,6 +48,7 @@ func TestClassify(t *testing.T) {
 		{idem.ErrInvalidKey, idemfront.State{Ctx: live}, idemfront.InvalidKey, idemfront.DontRetry},
 		{idem.ErrClosed, idemfront.State{Ctx: live}, idemfront.Closed, idemfront.RetryLater},
 		{idem.ErrWritesAborted, idemfront.State{Ran: true, Ctx: live}, idemfront.Internal, idemfront.RetryNow},
+		{fmt.Errorf("%w: %w", idem.ErrOutcomeUnknown, errors.New("upstream silent")), idemfront.State{Ran: true, Ctx: live}, idemfront.Internal, idemfront.RetryLater},
 		{fmt.Errorf("h: %w", idemfront.ErrResponseTooLarge), idemfront.State{Ran: true, Ctx: live}, idemfront.ResponseTooLarge, idemfront.DontRetry},
 		{errors.New("what"), idemfront.State{Ctx: live}, idemfront.Internal, idemfront.RetryNow},
 		// A claim cancelled with its caller also fails as a store error:

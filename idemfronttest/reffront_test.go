@@ -41,7 +41,7 @@ type bugs struct {
 const defaultLimit = 1 << 20
 
 func (h refHarness) Serve(t *testing.T, engine *idem.Engine, opts idemfronttest.Options, handler idemfronttest.Handler) idemfronttest.Client {
-	front, err := idemfront.New(engine, nil)
+	front, err := idemfront.NewFront(engine, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

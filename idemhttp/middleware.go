@@ -62,7 +62,7 @@ func NewMiddleware(engine *idem.Engine, config *Config) (*Middleware, error) {
 		return nil, err
 	}
 
-	front, err := idemfront.New(engine, &idemfront.Config{RetryAfter: cfg.RetryAfter})
+	front, err := idemfront.NewFront(engine, &idemfront.Config{RetryAfter: cfg.RetryAfter})
 	if err != nil {
 		return nil, err
 	}

@@ -209,7 +209,7 @@ func New(engine *idem.Engine, opts Options) (*Core, error) {
 	if opts.TenantFunc == nil && !opts.SharedKeySpace && !opts.TenantPerCall {
 		return nil, errors.New(opts.Front + ": TenantFunc is required (or SharedKeySpace for a service with one caller)")
 	}
-	front, err := idemfront.New(engine, &idemfront.Config{RetryAfter: opts.RetryAfter})
+	front, err := idemfront.NewFront(engine, &idemfront.Config{RetryAfter: opts.RetryAfter})
 	if err != nil {
 		return nil, err
 	}
