@@ -21,6 +21,7 @@ import (
 	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/idemjanitor"
 	"github.com/idem-go/idem/internal/fieldtext"
+	"github.com/idem-go/idem/internal/tracers"
 )
 
 // ScopeName is the instrumentation scope of the spans and metrics.
@@ -339,29 +340,10 @@ var storeSpanNames = func() []string {
 	return names
 }()
 
-// storeResultNames are the values of a store call's result label, by
-// storeResult: the store answered, refused a fenced call, or failed.
-var storeResultNames = [...]string{"unknown", "ok", "lease_lost", "error"}
-
-// storeResult classifies a store call by its error (see
-// idem.TraceStoreEndData.Err).
-func storeResult(err error) int {
-	switch {
-	case err == nil:
-		return 1
-	case errors.Is(err, idem.ErrLeaseLost):
-		return 2
-	}
-	return storeFailed
-}
-
-// storeFailed is storeResult's "error".
-const storeFailed = 3
-
 // TraceStoreEnd implements idem.StoreTracer.
 func (t *Tracer) TraceStoreEnd(ctx context.Context, d idem.TraceStoreEndData) {
 	s := t.store(d.Store)
-	result := storeResult(d.Err)
+	result := tracers.StoreResult(d.Err)
 	if int(d.Operation) < len(s.calls) {
 		t.storeOps.Record(ctx, d.Duration.Seconds(), s.calls[d.Operation][result])
 	}
@@ -372,8 +354,8 @@ func (t *Tracer) TraceStoreEnd(ctx context.Context, d idem.TraceStoreEndData) {
 	if !span.IsRecording() {
 		return
 	}
-	span.SetAttributes(KeyStoreResult.String(storeResultNames[result]))
-	if result == storeFailed {
+	span.SetAttributes(KeyStoreResult.String(tracers.StoreResultNames[result]))
+	if result == tracers.StoreFailed {
 		if d.Err != nil {
 			recordError(span, d.Err)
 		}
@@ -538,7 +520,7 @@ func (t *Tracer) TraceRetry(ctx context.Context, d idemclient.TraceRetryData) {
 // storeSets are the attribute sets of one store.
 type storeSets struct {
 	operations []metric.MeasurementOption   // by idem.OperationOutcome
-	calls      [][]metric.MeasurementOption // by idem.StoreOperation, then storeResult
+	calls      [][]metric.MeasurementOption // by idem.StoreOperation, then tracers.StoreResult
 }
 
 func (t *Tracer) store(name string) *storeSets {
@@ -567,10 +549,10 @@ func (t *Tracer) storeOf(name string) *storeSets {
 			s.operations[o] = metric.WithAttributeSet(attribute.NewSet(KeyStore.String(name), KeyOutcome.String(o.String())))
 		}
 		for i := range s.calls {
-			s.calls[i] = make([]metric.MeasurementOption, len(storeResultNames))
+			s.calls[i] = make([]metric.MeasurementOption, len(tracers.StoreResultNames))
 			for j := range s.calls[i] {
 				s.calls[i][j] = metric.WithAttributeSet(attribute.NewSet(KeyStore.String(name),
-					KeyStoreOperation.String(idem.StoreOperation(i).String()), KeyStoreResult.String(storeResultNames[j])))
+					KeyStoreOperation.String(idem.StoreOperation(i).String()), KeyStoreResult.String(tracers.StoreResultNames[j])))
 			}
 		}
 		return s

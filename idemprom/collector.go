@@ -14,6 +14,7 @@ import (
 	"github.com/idem-go/idem/idemfront"
 	"github.com/idem-go/idem/ideminbox"
 	"github.com/idem-go/idem/idemjanitor"
+	"github.com/idem-go/idem/internal/tracers"
 )
 
 // Default bucket boundaries, in seconds or bytes.
@@ -123,7 +124,7 @@ var attemptOutcomes = idemclient.AttemptOutcomes()
 var (
 	numOperationOutcomes = len(idem.OperationOutcomes()) + 1
 	numStoreOperations   = len(idem.StoreOperations()) + 1
-	numStoreResults      = len(storeResultNames)
+	numStoreResults      = len(tracers.StoreResultNames)
 	numRequestKinds      = len(idemfront.Kinds()) + 1
 )
 
@@ -268,7 +269,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 // storeChildren are the series of one store.
 type storeChildren struct {
 	operations []prometheus.Counter    // by idem.OperationOutcome
-	calls      [][]prometheus.Observer // by idem.StoreOperation, then storeResult
+	calls      [][]prometheus.Observer // by idem.StoreOperation, then tracers.StoreResult
 }
 
 func (c *Collector) store(name string) *storeChildren {
@@ -300,7 +301,7 @@ func (c *Collector) storeOf(name string) *storeChildren {
 		for _, op := range idem.StoreOperations() {
 			s.calls[op] = make([]prometheus.Observer, numStoreResults)
 			for r := 1; r < numStoreResults; r++ {
-				s.calls[op][r] = c.storeOps.WithLabelValues(name, op.String(), storeResultNames[r])
+				s.calls[op][r] = c.storeOps.WithLabelValues(name, op.String(), tracers.StoreResultNames[r])
 			}
 		}
 		return s
@@ -403,22 +404,6 @@ func (c *Collector) TraceOperationEnd(_ context.Context, d idem.TraceOperationEn
 	}
 }
 
-// storeResultNames are the values of a store call's result label, by
-// storeResult: the store answered, refused a fenced call, or failed.
-var storeResultNames = [...]string{"unknown", "ok", "lease_lost", "error"}
-
-// storeResult classifies a store call by its error (see
-// idem.TraceStoreEndData.Err).
-func storeResult(err error) int {
-	switch {
-	case err == nil:
-		return 1
-	case errors.Is(err, idem.ErrLeaseLost):
-		return 2
-	}
-	return 3
-}
-
 // TraceStoreStart implements idem.StoreTracer.
 func (c *Collector) TraceStoreStart(ctx context.Context, _ idem.TraceStoreStartData) context.Context {
 	return ctx
@@ -430,7 +415,7 @@ func (c *Collector) TraceStoreEnd(_ context.Context, d idem.TraceStoreEndData) {
 		return
 	}
 	if m := c.store(d.Store).calls[d.Operation]; m != nil {
-		m[storeResult(d.Err)].Observe(d.Duration.Seconds())
+		m[tracers.StoreResult(d.Err)].Observe(d.Duration.Seconds())
 	}
 }
 

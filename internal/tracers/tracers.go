@@ -50,3 +50,23 @@ func Store(ctx context.Context, tracer idem.Tracer, op idem.StoreOperation, stor
 	st.TraceStoreEnd(ctx, idem.TraceStoreEndData{Operation: op, Store: store, Duration: time.Since(start), Err: reported})
 	return err
 }
+
+// StoreResultNames are the values observers report for a store call's
+// result, indexed by StoreResult: the store answered, refused a fenced
+// call, or failed. Index 0 is never returned.
+var StoreResultNames = [...]string{"unknown", "ok", "lease_lost", "error"}
+
+// StoreFailed is StoreResult's "error".
+const StoreFailed = 3
+
+// StoreResult classifies a store call by its error (see
+// idem.TraceStoreEndData.Err), as an index of StoreResultNames.
+func StoreResult(err error) int {
+	switch {
+	case err == nil:
+		return 1
+	case errors.Is(err, idem.ErrLeaseLost):
+		return 2
+	}
+	return StoreFailed
+}
