@@ -1,6 +1,7 @@
 package idemproxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -139,6 +140,7 @@ func New(engine *idem.Engine, config *Config) (*Proxy, error) {
 		retryAfter: strconv.Itoa(seconds(mcfg.RetryAfter, idemhttp.DefaultRetryAfter)),
 		leaseAfter: strconv.Itoa(seconds(engine.Config().Lease, idem.DefaultLease)),
 	}
+	keyHeader := http.CanonicalHeaderKey(cmp.Or(mcfg.KeyHeader, idemhttp.HeaderKey))
 	errorLog := slog.NewLogLogger(mcfg.Logger.Handler(), slog.LevelWarn)
 	rewrite := func(pr *httputil.ProxyRequest) {
 		pr.SetURL(u)
@@ -147,6 +149,12 @@ func New(engine *idem.Engine, config *Config) (*Proxy, error) {
 		// asked for, as a reverse proxy in front of a virtual host does
 		// (X-Forwarded-Host says it too).
 		pr.Out.Host = pr.In.Host
+		// ReverseProxy drops the headers a client names in Connection,
+		// as hop-by-hop. The key is not this hop's alone: the proxy
+		// acted on it, and the upstream may deduplicate with it too.
+		if vs := pr.In.Header.Values(keyHeader); len(vs) > 0 && len(pr.Out.Header.Values(keyHeader)) == 0 {
+			pr.Out.Header[keyHeader] = slices.Clone(vs)
+		}
 	}
 	p.plain = &httputil.ReverseProxy{Rewrite: rewrite, Transport: transport, ErrorLog: errorLog}
 	p.rp = &httputil.ReverseProxy{

@@ -177,6 +177,36 @@ func TestForwarding(t *testing.T) {
 	}
 }
 
+// TestKeyListedAsHopByHop: a client that names Idempotency-Key in its
+// Connection header still has its key reach the upstream, which may
+// deduplicate too: the proxy acted on the key, so it is not this hop's
+// alone.
+func TestKeyListedAsHopByHop(t *testing.T) {
+	var calls atomic.Int64
+	var seen atomic.Value
+	up := counter(t, &calls, func(w http.ResponseWriter, r *http.Request, _ int64) bool {
+		seen.Store(r.Header.Clone())
+		return false
+	})
+	f := newFixture(t, up.URL, 0, idemproxy.Config{})
+	first := f.post("/orders", "k-hop", "a", "Connection", "Idempotency-Key, X-Client-Hop", "X-Client-Hop", "x")
+	if first.status != http.StatusCreated || first.replayed {
+		t.Fatalf("first answer %d replayed=%v", first.status, first.replayed)
+	}
+	h := seen.Load().(http.Header)
+	if got := h.Values("Idempotency-Key"); len(got) != 1 || got[0] != "k-hop" {
+		t.Errorf("the upstream got Idempotency-Key %q, want [k-hop]", got)
+	}
+	if h.Get("X-Client-Hop") != "" {
+		t.Error("a hop-by-hop header of the client reached the upstream")
+	}
+	// Without a key, nothing is added.
+	f.post("/orders", "", "a", "Connection", "Idempotency-Key")
+	if got := seen.Load().(http.Header).Values("Idempotency-Key"); len(got) != 0 {
+		t.Errorf("a request without a key reached the upstream with Idempotency-Key %q", got)
+	}
+}
+
 // TestRoutes: only the routes given are protected; others are forwarded
 // as they are.
 func TestRoutes(t *testing.T) {
