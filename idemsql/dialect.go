@@ -192,6 +192,9 @@ const (
 	mysqlLockWaitTimeout = 1205
 	// MySQL: ER_DUP_ENTRY, a unique key met.
 	mysqlDuplicate = 1062
+	// MariaDB: ER_STATEMENT_TIMEOUT, the statement ran past its
+	// max_statement_time and was rolled back, not the transaction.
+	mariaStatementTimeout = 1969
 	// MySQL: ER_UNSUPPORTED_PS, a statement the server cannot prepare.
 	mysqlUnsupportedPS = 1295
 	// MySQL: ER_LOCK_TABLE_FULL. InnoDB rolled the whole transaction back.

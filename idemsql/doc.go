@@ -154,8 +154,9 @@
 // A replay is one read, as in the default mode. A duplicate that comes
 // while the first execution runs waits for that transaction, at most its
 // operation's WaitInFlight (idemhttp's Config.WaitInFlight): the claim's
-// wait on the row is bounded by innodb_lock_wait_timeout for that
-// statement on MariaDB (whole seconds, rounded up), by its context on
+// wait on the row is bounded by max_statement_time for that statement
+// on MariaDB (at least 100 ms: the bound covers the whole statement), by
+// its context on
 // MySQL, by lock_timeout on PostgreSQL, and on SQLite by the wait for the
 // write lock when the holder is an execution of the same Store (the busy
 // timeout otherwise). When the holder commits, the duplicate replays its

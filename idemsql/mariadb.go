@@ -76,8 +76,10 @@ END`, positional)
 // savepoint marks the handler's transaction, and a plain INSERT writes the
 // claim's row, uncommitted, in that transaction. Should another
 // transaction have inserted the key since the read, the INSERT waits for
-// it, bounded by innodb_lock_wait_timeout (@wait, whole seconds), and
-// fails on the duplicate if it committed; then the claim goes the general
+// it, bounded by mariaWaitBound (the claim's wait limit, which prefixes
+// the compound statement; innodb_lock_wait_timeout, @wait, in whole
+// seconds rounded up, stays behind it), and fails on the duplicate if it
+// committed; then the claim goes the general
 // way (ClaimUnit). A short statement: MariaDB parses text every time.
 var mariaClaimNew = compile(`BEGIN NOT ATOMIC
   SET autocommit = 0;
@@ -226,7 +228,7 @@ func (s *Store) claimNewMariaDB(ctx context.Context, p idem.ClaimParams, wait ti
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.conn, u.state = conn, unitOpen
-	_, err = conn.ExecContext(ctx, inline(mariaClaimNew, values))
+	_, err = conn.ExecContext(ctx, mariaWaitBound(wait)+inline(mariaClaimNew, values))
 	if err == nil {
 		return &singleUnit{u: u, params: p}, nil
 	}
@@ -236,7 +238,7 @@ func (s *Store) claimNewMariaDB(ctx context.Context, p idem.ClaimParams, wait ti
 	switch n, _ := s.d.number(err); n {
 	case mysqlDuplicate, mysqlDeadlock:
 		return nil, nil
-	case mysqlLockWaitTimeout:
+	case mysqlLockWaitTimeout, mariaStatementTimeout:
 		return nil, fmt.Errorf("idemsql: %w (waited %s for its transaction)", idem.ErrInFlight, wait)
 	}
 	return nil, err

@@ -110,14 +110,12 @@ func (s *Store) rollsBackOnTimeout(ctx context.Context, conn *sql.Conn) bool {
 
 // claimInMySQL is rules.claimIn on MySQL and MariaDB: the claim
 // statement, its wait on a row another transaction inserted bounded by
-// the lock wait timeout (MariaDB) or the context (MySQL).
+// the statement's time limit (MariaDB, mariaWaitBound) or the context
+// (MySQL).
 func (s *Store) claimInMySQL(ctx context.Context, conn *sql.Conn, values map[string]any, wait time.Duration) (won, takeover bool, rec *idem.Record, err error) {
 	text, claimCtx := s.d.claim.text, ctx
 	if s.isMariaDB(ctx, conn) {
-		// innodb_lock_wait_timeout counts whole seconds (0: do not
-		// wait), for this statement only.
-		secs := (wait + time.Second - 1) / time.Second
-		text = "SET STATEMENT innodb_lock_wait_timeout = " + strconv.FormatInt(int64(secs), 10) + " FOR " + text
+		text = mariaWaitBound(wait) + text
 	} else if wait >= 0 {
 		// MySQL has no per-statement lock wait: the context bounds
 		// it, and the driver closes the connection when it ends.
@@ -127,7 +125,7 @@ func (s *Store) claimInMySQL(ctx context.Context, conn *sql.Conn, values map[str
 	}
 	res, err := conn.ExecContext(claimCtx, text, s.d.claim.args(values)...)
 	if err != nil {
-		if n, ok := s.d.number(err); (ok && n == mysqlLockWaitTimeout) || (claimCtx != ctx && ctx.Err() == nil && claimCtx.Err() != nil) {
+		if n, ok := s.d.number(err); (ok && (n == mysqlLockWaitTimeout || n == mariaStatementTimeout)) || (claimCtx != ctx && ctx.Err() == nil && claimCtx.Err() != nil) {
 			return false, false, nil, fmt.Errorf("idemsql: %w (waited %s for its transaction)", idem.ErrInFlight, wait)
 		}
 		return false, false, nil, err
@@ -138,4 +136,28 @@ func (s *Store) claimInMySQL(ctx context.Context, conn *sql.Conn, values map[str
 		return false, false, nil, err
 	}
 	return id == 1 || id == 2, id == 2, nil, nil
+}
+
+// mariaMinWait is the shortest time limit mariaWaitBound gives a claim
+// that may wait: the limit bounds the whole statement, not only its wait
+// for a lock, and a claim of a fresh key on a busy server must not end in
+// idem.ErrInFlight for being slow.
+const mariaMinWait = 100 * time.Millisecond
+
+// mariaWaitBound is the prefix that bounds a MariaDB claim's wait for a
+// row another transaction holds to wait, for that statement only (a
+// compound statement as a whole: MariaDB applies no time limit to the
+// statements inside one). innodb_lock_wait_timeout counts whole seconds
+// and 0 does not wait at all, so a wait below a second is bounded by
+// max_statement_time (fractional seconds, at least mariaMinWait), with
+// the lock wait timeout rounded up behind it. Past the bound the
+// statement fails with mariaStatementTimeout or mysqlLockWaitTimeout.
+func mariaWaitBound(wait time.Duration) string {
+	if wait <= 0 {
+		return "SET STATEMENT innodb_lock_wait_timeout = 0 FOR "
+	}
+	secs := (wait + time.Second - 1) / time.Second
+	limit := max(wait, mariaMinWait)
+	return "SET STATEMENT innodb_lock_wait_timeout = " + strconv.FormatInt(int64(secs), 10) +
+		", max_statement_time = " + strconv.FormatFloat(limit.Seconds(), 'f', 3, 64) + " FOR "
 }

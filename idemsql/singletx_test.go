@@ -152,6 +152,43 @@ func TestSingleTransactionWaitLimit(t *testing.T) {
 	})
 }
 
+// TestSingleTransactionWaitBelowASecond: a wait limit below a second is
+// kept, not rounded up to one (MariaDB's lock wait timeout counts whole
+// seconds): a duplicate waiting 200 ms for a holder that commits after
+// 800 ms gets idem.ErrInFlight, and does not replay.
+func TestSingleTransactionWaitBelowASecond(t *testing.T) {
+	forEachSingleDialect(t, func(t *testing.T, env *testDB, eng *idem.Engine) {
+		ctx := context.Background()
+		op := idem.Operation{Key: "sub-second", Fingerprint: []byte("POST /orders")}
+		running := make(chan struct{})
+		first := make(chan error, 1)
+		go func() {
+			_, err := eng.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
+				if err := env.businessWrite(ctx, "sub-second"); err != nil {
+					return idem.Result{}, err
+				}
+				close(running)
+				time.Sleep(800 * time.Millisecond)
+				return idem.Result{Status: 201, Body: []byte("done")}, nil
+			})
+			first <- err
+		}()
+		<-running
+		dup := op
+		dup.WaitInFlight = 200 * time.Millisecond
+		out, err := eng.Do(ctx, dup, func(context.Context) (idem.Result, error) {
+			t.Error("the duplicate ran")
+			return idem.Result{}, nil
+		})
+		if !errors.Is(err, idem.ErrInFlight) {
+			t.Errorf("duplicate with WaitInFlight 200ms, holder committing after 800ms = %+v, %v; want idem.ErrInFlight", out, err)
+		}
+		if err := <-first; err != nil {
+			t.Fatalf("first execution: %v", err)
+		}
+	})
+}
+
 // TestSingleTransactionEndings: a handler error frees the key and leaves
 // nothing; a handler that rolls its writes back has its answer stored
 // alone; a duplicate waiting on a holder that fails runs afresh.

@@ -80,6 +80,12 @@ func startMariaDB(t *testing.T, binlog bool) *mariadb {
 		"--skip-grant-tables",
 		"--innodb-buffer-pool-size=32M",
 		"--innodb-flush-log-at-trx-commit=" + m.flush,
+		// Synchronous I/O instead of io_uring: a SIGKILL of MariaDB
+		// 10.11 during io_uring writes once left a redo log its own
+		// recovery refused ("Data structure corruption"), a server bug
+		// that says nothing about idem. What this test measures, the
+		// commit's durability, does not depend on the I/O interface.
+		"--innodb-use-native-aio=0",
 		"--max-connections=100",
 	}
 	if binlog {
