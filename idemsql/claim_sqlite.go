@@ -227,6 +227,7 @@ func (s *Store) claimInSQLite(ctx context.Context, conn *sql.Conn, values map[st
 // finds the holder's record complete).
 func (s *Store) claimNewSQLite(ctx context.Context, p idem.ClaimParams, wait time.Duration) (*singleUnit, error) {
 	u := newUnit(s)
+	u.lockWait = s.singleLockWait(wait)
 	beginCtx, cancel, unhold := s.duplicateWait(ctx, p, wait)
 	defer cancel()
 	u.mu.Lock()

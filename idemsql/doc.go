@@ -158,8 +158,10 @@
 // on MariaDB (at least 100 ms: the bound covers the whole statement), by
 // its context on
 // MySQL, by lock_timeout on PostgreSQL, and on SQLite by the wait for the
-// write lock when the holder is an execution of the same Store (the busy
-// timeout otherwise). When the holder commits, the duplicate replays its
+// write lock: for a holder of the same Store, only a duplicate's wait is
+// bounded (another key's claim queues as any writer), while a holder in
+// another process, which may run any key, is waited for at most the wait
+// limit, and at least 100 ms. When the holder commits, the duplicate replays its
 // answer; when it rolls back, or its process dies and the database rolls
 // its transaction back, the duplicate claims the key and runs. Past the
 // wait, or at once without one, it gets idem.ErrInFlight (HTTP 409 with

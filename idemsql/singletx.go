@@ -132,7 +132,8 @@ func (s *Store) ClaimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 		}
 	}
 	for attempt, vanished := 1, 0; vanished < claimAttempts; attempt++ {
-		u, rec, err := s.claimUnit(ctx, p, max(time.Until(deadline), 0))
+		left := max(time.Until(deadline), 0)
+		u, rec, err := s.claimUnit(ctx, p, left, s.singleLockWait(left))
 		if err != nil && s.d.retryable(err) && attempt < singleDeadlockAttempts && ctx.Err() == nil {
 			// InnoDB: duplicates waiting on a row whose inserter rolled
 			// back meet in a deadlock, and all but one are rolled back.
@@ -172,12 +173,15 @@ func (s *Store) ClaimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 	return idem.ClaimResult{}, nil, idem.NotApplied(fmt.Errorf("idemsql: claim: the record vanished %d times between claim and read", claimAttempts))
 }
 
-// claimUnit begins a transaction and claims p's key in it. It returns the
-// unit holding the key when the claim won; otherwise the transaction is
+// claimUnit begins a transaction and claims p's key in it, waiting at
+// most lockWait for SQLite's write lock held by another process (0: the
+// busy timeout; see unit.lockWait). It returns the unit holding the key
+// when the claim won; otherwise the transaction is
 // rolled back, and it returns the record the claim lost to when it read
 // it (SQLite), or neither (then the caller reads it).
-func (s *Store) claimUnit(ctx context.Context, p idem.ClaimParams, wait time.Duration) (*singleUnit, *idem.Record, error) {
+func (s *Store) claimUnit(ctx context.Context, p idem.ClaimParams, wait, lockWait time.Duration) (*singleUnit, *idem.Record, error) {
 	u := newUnit(s)
+	u.lockWait = lockWait
 	beginCtx, cancel, unhold := s.duplicateWait(ctx, p, wait)
 	defer cancel()
 	won := false
@@ -193,7 +197,7 @@ func (s *Store) claimUnit(ctx context.Context, p idem.ClaimParams, wait time.Dur
 		if beginCtx != ctx && ctx.Err() == nil && beginCtx.Err() != nil {
 			return nil, nil, fmt.Errorf("idemsql: %w (waited %s for its transaction)", idem.ErrInFlight, wait)
 		}
-		return nil, nil, err
+		return nil, nil, err // idem.ErrInFlight when another process held the write lock past wait
 	}
 	won, takeover, rec, err := s.claimIn(ctx, u.conn, p, wait)
 	if err != nil || !won {
@@ -220,6 +224,25 @@ func (s *Store) duplicateWait(ctx context.Context, p idem.ClaimParams, wait time
 		return ctx, cancel, unhold
 	}
 	return ctx, func() {}, unhold
+}
+
+// singleMinLockWait is the shortest wait singleLockWait gives a claim
+// for SQLite's write lock held by another process: the holder may run
+// another key, and a claim of a fresh key must not give up at once
+// behind every short transaction there.
+const singleMinLockWait = 100 * time.Millisecond
+
+// singleLockWait is how long a claim of the single-transaction mode waits
+// for SQLite's write lock once this Store's own writers let it through
+// (unit.lockWait): its wait limit, at least singleMinLockWait. Another
+// process's transaction holds the lock, perhaps a duplicate's execution,
+// perhaps another key's; past the limit the claim gets idem.ErrInFlight
+// rather than the busy timeout's wait. 0 elsewhere than on SQLite.
+func (s *Store) singleLockWait(wait time.Duration) time.Duration {
+	if !s.d.oneWriter {
+		return 0
+	}
+	return max(wait, singleMinLockWait)
 }
 
 // claimIn runs the claim on conn, in its open transaction
@@ -325,7 +348,9 @@ func (w *singleUnit) Complete(ctx context.Context, p idem.CompleteParams) (err e
 // key meanwhile: that one runs the operation, and this one stored nothing
 // (idem.ErrLeaseLost).
 func (s *Store) completeAloneSingle(ctx context.Context, cp idem.ClaimParams, p idem.CompleteParams) error {
-	u, _, err := s.claimUnit(ctx, cp, 0)
+	// The answer must be stored: wait for SQLite's write lock as any
+	// writer does (lockWait 0), not as a duplicate.
+	u, _, err := s.claimUnit(ctx, cp, 0, 0)
 	if errors.Is(err, idem.ErrInFlight) {
 		return fmt.Errorf("idemsql: complete: the key was claimed by another execution meanwhile: %w", idem.ErrLeaseLost)
 	}

@@ -189,6 +189,57 @@ func TestSingleTransactionWaitBelowASecond(t *testing.T) {
 	})
 }
 
+// TestSingleTransactionWaitLimitAcrossProcesses: a duplicate claimed
+// through another Store on its own pool (another process) keeps its wait
+// limit too: on SQLite it waits for the database's write lock, which the
+// holder's transaction keeps, at most that long (not the busy timeout),
+// then gets idem.ErrInFlight; once the holder committed, it replays.
+func TestSingleTransactionWaitLimitAcrossProcesses(t *testing.T) {
+	forEachSingleDialect(t, func(t *testing.T, env *testDB, eng *idem.Engine) {
+		ctx := context.Background()
+		other := testenv.Must(idem.NewEngine(env.peer, nil))
+		t.Cleanup(func() { _ = other.Close(context.Background()) })
+		op := idem.Operation{Key: "across", Fingerprint: []byte("POST /orders")}
+		running, release := make(chan struct{}), make(chan struct{})
+		first := make(chan error, 1)
+		go func() {
+			_, err := eng.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
+				if err := env.businessWrite(ctx, "across"); err != nil {
+					return idem.Result{}, err
+				}
+				close(running)
+				<-release
+				return idem.Result{Status: 201, Body: []byte("done")}, nil
+			})
+			first <- err
+		}()
+		<-running
+		dup := op
+		dup.WaitInFlight = 200 * time.Millisecond
+		// The holder commits long after the wait limit: a duplicate that
+		// waited for it replays instead of giving up.
+		timer := time.AfterFunc(2*time.Second, func() { close(release) })
+		defer timer.Stop()
+		out, err := other.Do(ctx, dup, func(context.Context) (idem.Result, error) {
+			t.Error("the duplicate ran")
+			return idem.Result{}, nil
+		})
+		if !errors.Is(err, idem.ErrInFlight) {
+			t.Errorf("duplicate in another process, WaitInFlight 200ms, holder committing after 2s = %+v, %v; want idem.ErrInFlight", out, err)
+		}
+		if err := <-first; err != nil {
+			t.Fatalf("first execution: %v", err)
+		}
+		out, err = other.Do(ctx, op, func(context.Context) (idem.Result, error) {
+			t.Error("the retry ran")
+			return idem.Result{}, nil
+		})
+		if err != nil || !out.Replayed || string(out.Result.Body) != "done" {
+			t.Fatalf("retry in the other process after the commit = %+v, %v; want the replay", out, err)
+		}
+	})
+}
+
 // TestSingleTransactionEndings: a handler error frees the key and leaves
 // nothing; a handler that rolls its writes back has its answer stored
 // alone; a duplicate waiting on a holder that fails runs afresh.

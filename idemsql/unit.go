@@ -76,6 +76,13 @@ type unit struct {
 	isOwner bool
 	// What disown learnt from the gate: the extension owed.
 	owed *idem.ExtendParams
+	// lockWait, when positive, bounds the wait of the transaction's
+	// first statement for SQLite's write lock once the Store's gate has
+	// passed to it: then only a writer of another process can hold the
+	// lock. A claim of the single-transaction mode sets it to its wait
+	// limit (singleLockWait), since the holder may be a duplicate's
+	// execution, which no one here can tell from another key's.
+	lockWait time.Duration
 }
 
 var (
@@ -162,20 +169,29 @@ func (u *unit) beginThen(ctx context.Context, then *query, values map[string]any
 			q += "; " + then.text
 			args = then.args(values)
 		}
+		runCtx, cancel := ctx, context.CancelFunc(func() {})
+		if i == 0 && u.lockWait > 0 {
+			runCtx, cancel = context.WithTimeout(ctx, u.lockWait)
+		}
 		run := func() (err error) {
-			res, err = conn.ExecContext(ctx, q, args...)
+			res, err = conn.ExecContext(runCtx, q, args...)
 			return err
 		}
 		var err error
 		if i == 0 && s.d.beginRetries {
-			err = s.retry(ctx, run)
+			err = s.retry(runCtx, run)
 		} else {
 			err = run()
 		}
+		waited := runCtx != ctx && runCtx.Err() != nil && ctx.Err() == nil
+		cancel()
 		if err != nil {
 			// What the session holds now is unknown: never pool it.
 			discard(conn)
 			s.unlockWrites()
+			if waited {
+				return nil, fmt.Errorf("idemsql: begin: %w (waited %s for the write lock, which another process's transaction holds)", idem.ErrInFlight, u.lockWait)
+			}
 			return nil, fmt.Errorf("idemsql: begin: %w", err)
 		}
 	}
