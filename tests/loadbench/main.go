@@ -8,7 +8,9 @@
 // a naive check-then-write; with -onetx, (e) a claim inside the business
 // transaction, for comparison; with -variant, (b') route (b) on a schema
 // altered by the given SQL; with -single, (f) and (g), idem in the
-// single-transaction mode (fresh keys, replays); with -writeonce, (w), the
+// single-transaction mode (fresh keys, replays); with -peer, (p) and (q),
+// the same handler behind what a careful team writes by hand with pgx
+// (peer.go), fresh keys and replays; with -writeonce, (w), the
 // record written once with no lock, the unique index deciding; with
 // -realistic, (ra), (rb) and (rf), a handler of three statements and 1 ms
 // of waiting, bare, behind idem, and behind idem in the single-transaction
@@ -84,8 +86,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	withOneTx := fs.Bool("onetx", false, "also measure (e), a claim inside the business transaction (not idem's design), fresh keys and duplicate pairs")
 	withSingle := fs.Bool("single", false, "also measure (f) and (g): idem in the single-transaction mode (idempg Config.SingleTransaction), fresh keys and replays, and its duplicate pairs")
 	withWriteOnce := fs.Bool("writeonce", false, "also measure (w): the record written once without a lock, the unique index deciding between duplicates (not idem's design), and its duplicate pairs")
+	withPeer := fs.Bool("peer", false, "also measure (p) and (q): the hand-written peer (a pgx table of keys, a claim with a lease in its own statement, completed by hand in the business transaction), fresh keys and replays, its duplicate pairs, and the table idem against the peer")
 	withRealistic := fs.Bool("realistic", false, "also measure (ra), (rb) and, with -single, (rf): a handler of three statements and 1 ms of waiting, bare and behind idem; their ratios are against (ra)")
-	only := fs.String("only", "", "comma-separated scenarios to run (a,b,b',c,d, and e,f,g,w,ra,rb,rf with their flags), for profiling one of them or comparing a few; default all")
+	only := fs.String("only", "", "comma-separated scenarios to run (a,b,b',c,d, and e,f,g,w,p,q,ra,rb,rf with their flags), for profiling one of them or comparing a few; default all")
 	costRuns := fs.Int("cost", 2000, "runs of each piece in the serial cost measurement; 0 skips it")
 	profile := fs.String("cpuprofile", "", "file for a CPU profile of the measured rounds, labelled by route (server) and scenario (clients): go tool pprof -tagfocus route=/idem/orders")
 	if err := fs.Parse(args); err != nil {
@@ -107,8 +110,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		db, err = openDatabase(ctx, *dbURL, *conns, "", *rtt)
 	} else {
 		// The pgx-only measurements have no database/sql counterpart.
-		if *variantSQL != "" || *variantClaimBatch != 0 || *variantClaimConcurrency != 0 || *withOneTx || *withWriteOnce || *withRealistic || *rtt != 0 {
-			return errors.New("-variant, -variant-claim-*, -onetx, -writeonce, -realistic and -rtt measure idempg: use them with -store postgres (-single works on every store)")
+		if *variantSQL != "" || *variantClaimBatch != 0 || *variantClaimConcurrency != 0 || *withOneTx || *withWriteOnce || *withRealistic || *withPeer || *rtt != 0 {
+			return errors.New("-variant, -variant-claim-*, -onetx, -writeonce, -realistic, -peer and -rtt measure idempg: use them with -store postgres (-single works on every store)")
 		}
 		*costRuns = 0
 		if *store == "sqlite" {
@@ -170,6 +173,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if *withWriteOnce {
 		b.scenarios = append(b.scenarios, writeOnceScenario)
 	}
+	if *withPeer {
+		b.scenarios = append(b.scenarios, peerScenarios...)
+	}
 	if *withRealistic {
 		b.scenarios = append(b.scenarios, realisticScenarios[:2]...)
 		if *withSingle {
@@ -228,6 +234,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 			}
 			if *withWriteOnce {
 				pairScenarios = append(pairScenarios, writeOnceScenario)
+			}
+			if *withPeer {
+				pairScenarios = append(pairScenarios, peerScenarios[0])
 			}
 			for _, sc := range pairScenarios {
 				d, err := b.runPairs(ctx, sc, r, *dup)

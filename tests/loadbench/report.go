@@ -193,6 +193,7 @@ func writeReport(w io.Writer, m machine, b *bench, rounds, conns int, slice time
 			100*u.machineBusy, 100*u.otherBusy, statuses(p))
 	}
 	fmt.Fprintf(w, "\n</details>\n\n")
+	writePeerReport(w, b, phases)
 	writeDups(w, dups)
 }
 

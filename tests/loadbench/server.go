@@ -201,7 +201,7 @@ func openDatabase(ctx context.Context, url string, conns int, extraSQL string, r
 		db.close()
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
-	if _, err := db.pool.Exec(ctx, oneTxSQL+";"+realisticSQL); err != nil {
+	if _, err := db.pool.Exec(ctx, oneTxSQL+";"+realisticSQL+";"+peerSQL); err != nil {
 		db.close()
 		return nil, err
 	}
@@ -313,6 +313,7 @@ func newMux(db, variant *database, config, variantConfig *idempg.Config) (*http.
 	mux.Handle("POST "+routeIdem, idemOrders)
 	mux.Handle("POST "+routeNaive, naive(pool, createOrder(own)))
 	mux.Handle("POST "+routeOneTx, oneTx(pool, createOrder(oneTxQuerier)))
+	mux.Handle("POST "+routePeer, peer(pool, createOrder(peerQuerier)))
 	if err := addSingleRoutes(mux, pool, config); err != nil {
 		return nil, err
 	}
