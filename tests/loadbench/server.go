@@ -427,3 +427,25 @@ func (r *recorder) Write(p []byte) (int, error) {
 	r.body = append(r.body, p...)
 	return len(p), nil
 }
+
+// analyze gathers the statistics of every table of the run's schema
+// (PostgreSQL only), which invalidates the plans cached on them.
+func (db *database) analyze(ctx context.Context) error {
+	if db.pool == nil {
+		return nil
+	}
+	rows, err := db.pool.Query(ctx, `SELECT format('ANALYZE %I.%I', schemaname, tablename) FROM pg_tables WHERE schemaname = $1`, db.schema)
+	if err != nil {
+		return err
+	}
+	stmts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, q := range stmts {
+		if _, err := db.pool.Exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
