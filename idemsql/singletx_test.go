@@ -34,6 +34,33 @@ func forEachSingleDialect(t *testing.T, fn func(t *testing.T, env *testDB, eng *
 	}
 }
 
+// hold runs op on eng until release, its handler writing the business
+// row op.Key and answering 201 "done", and returns once the handler runs;
+// the channel gets Do's error.
+func hold(eng *idem.Engine, env *testDB, op idem.Operation, release <-chan struct{}) <-chan error {
+	running, first := make(chan struct{}), make(chan error, 1)
+	go func() {
+		_, err := eng.Do(context.Background(), op, func(ctx context.Context) (idem.Result, error) {
+			if err := env.businessWrite(ctx, op.Key); err != nil {
+				return idem.Result{}, err
+			}
+			close(running)
+			<-release
+			return idem.Result{Status: 201, Body: []byte("done")}, nil
+		})
+		first <- err
+	}()
+	<-running
+	return first
+}
+
+// after is closed d from now.
+func after(d time.Duration) <-chan struct{} {
+	c := make(chan struct{})
+	time.AfterFunc(d, func() { close(c) })
+	return c
+}
+
 // TestSingleTransactionInfo: the option shows in the store's Info, which
 // is what makes the engine claim inside the unit of work.
 func TestSingleTransactionInfo(t *testing.T) {
@@ -103,20 +130,8 @@ func TestSingleTransactionWaitLimit(t *testing.T) {
 	forEachSingleDialect(t, func(t *testing.T, env *testDB, eng *idem.Engine) {
 		ctx := context.Background()
 		op := idem.Operation{Key: "slow", Fingerprint: []byte("POST /orders")}
-		running, release := make(chan struct{}), make(chan struct{})
-		first := make(chan error, 1)
-		go func() {
-			_, err := eng.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
-				if err := env.businessWrite(ctx, "slow"); err != nil {
-					return idem.Result{}, err
-				}
-				close(running)
-				<-release
-				return idem.Result{Status: 201, Body: []byte("done")}, nil
-			})
-			first <- err
-		}()
-		<-running
+		release := make(chan struct{})
+		first := hold(eng, env, op, release)
 		for _, wait := range []time.Duration{0, 100 * time.Millisecond} {
 			dup := op
 			dup.WaitInFlight = wait
@@ -160,20 +175,7 @@ func TestSingleTransactionWaitBelowASecond(t *testing.T) {
 	forEachSingleDialect(t, func(t *testing.T, env *testDB, eng *idem.Engine) {
 		ctx := context.Background()
 		op := idem.Operation{Key: "sub-second", Fingerprint: []byte("POST /orders")}
-		running := make(chan struct{})
-		first := make(chan error, 1)
-		go func() {
-			_, err := eng.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
-				if err := env.businessWrite(ctx, "sub-second"); err != nil {
-					return idem.Result{}, err
-				}
-				close(running)
-				time.Sleep(800 * time.Millisecond)
-				return idem.Result{Status: 201, Body: []byte("done")}, nil
-			})
-			first <- err
-		}()
-		<-running
+		first := hold(eng, env, op, after(800*time.Millisecond))
 		dup := op
 		dup.WaitInFlight = 200 * time.Millisecond
 		out, err := eng.Do(ctx, dup, func(context.Context) (idem.Result, error) {
@@ -200,26 +202,11 @@ func TestSingleTransactionWaitLimitAcrossProcesses(t *testing.T) {
 		other := testenv.Must(idem.NewEngine(env.peer, nil))
 		t.Cleanup(func() { _ = other.Close(context.Background()) })
 		op := idem.Operation{Key: "across", Fingerprint: []byte("POST /orders")}
-		running, release := make(chan struct{}), make(chan struct{})
-		first := make(chan error, 1)
-		go func() {
-			_, err := eng.Do(ctx, op, func(ctx context.Context) (idem.Result, error) {
-				if err := env.businessWrite(ctx, "across"); err != nil {
-					return idem.Result{}, err
-				}
-				close(running)
-				<-release
-				return idem.Result{Status: 201, Body: []byte("done")}, nil
-			})
-			first <- err
-		}()
-		<-running
+		// The holder commits long after the wait limit: a duplicate that
+		// waited for it would replay instead of giving up.
+		first := hold(eng, env, op, after(2*time.Second))
 		dup := op
 		dup.WaitInFlight = 200 * time.Millisecond
-		// The holder commits long after the wait limit: a duplicate that
-		// waited for it replays instead of giving up.
-		timer := time.AfterFunc(2*time.Second, func() { close(release) })
-		defer timer.Stop()
 		out, err := other.Do(ctx, dup, func(context.Context) (idem.Result, error) {
 			t.Error("the duplicate ran")
 			return idem.Result{}, nil
