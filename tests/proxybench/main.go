@@ -66,9 +66,11 @@ func main() {
 		}
 		proxy := startProxy(store, upstream)
 		results := map[string][]result{}
-		for range *rounds {
+		for round := range *rounds {
+			// The round is in the fresh keys' tag: a key of an earlier
+			// round would be a replay.
 			results["direct"] = append(results["direct"], run(upstream, *concurrency, *duration, false, "direct"))
-			results["proxy fresh"] = append(results["proxy fresh"], run(proxy, *concurrency, *duration, false, name+"-fresh"))
+			results["proxy fresh"] = append(results["proxy fresh"], run(proxy, *concurrency, *duration, false, fmt.Sprintf("%s-fresh-%d", name, round)))
 			results["proxy replays"] = append(results["proxy replays"], run(proxy, *concurrency, *duration, true, name+"-replay"))
 		}
 		base := median(results["direct"]).rate
@@ -186,7 +188,11 @@ func run(base string, c int, d time.Duration, replay bool, tag string) result {
 					failed.Add(1)
 					continue
 				}
-				if replay && j > 0 && resp.Header.Get("Idempotent-Replayed") != "true" {
+				// A fresh key must run upstream, a replay must not.
+				// A fresh key must reach the upstream; a replay, after the
+				// key's first request, must not.
+				replayed := resp.Header.Get("Idempotent-Replayed") == "true"
+				if replay && j > 0 && !replayed || !replay && replayed {
 					failed.Add(1)
 				}
 				lat[i] = append(lat[i], time.Since(start))
