@@ -71,19 +71,28 @@ func main() {
 	upstream := startUpstream(*delay)
 	fmt.Printf("upstream answering in %s; %d clients; %s per phase; %d rounds; GOMAXPROCS %d; load average before: %s\n",
 		*delay, *concurrency, *duration, *rounds, runtime.GOMAXPROCS(0), loadAverage())
-	fmt.Printf("%-7s %-14s %10s %8s %10s %15s\n", "store", "phase", "req/s", "ratio", "p50", "upstream conns")
+	fmt.Printf("%-7s %-14s %10s %8s %10s %15s %14s\n", "store", "phase", "req/s", "ratio", "p50", "upstream conns", "proxy CPU/req")
 	for _, name := range strings.Split(*stores, ",") {
 		args, err := storeArgs(name, *redisURL, dir)
 		if err != nil {
 			log.Fatalf("%s: %v", name, err)
 		}
-		proxy, stop := startProxy(bin, upstream.url, args)
+		proxy, pid, stop := startProxy(bin, upstream.url, args)
 		results := map[string][]result{}
 		conns := map[string]int64{}
+		cpu := map[string]time.Duration{}
+		requests := map[string]int{}
+		cpuKnown := true
 		phase := func(label, base string, replay bool, tag string) {
 			before := upstream.accepted.Load()
-			results[label] = append(results[label], run(base, *concurrency, *duration, replay, tag))
+			cpuBefore, ok1 := cpuTime(pid)
+			r := run(base, *concurrency, *duration, replay, tag)
+			cpuAfter, ok2 := cpuTime(pid)
+			results[label] = append(results[label], r)
 			conns[label] += upstream.accepted.Load() - before
+			cpu[label] += cpuAfter - cpuBefore
+			cpuKnown = cpuKnown && ok1 && ok2
+			requests[label] += r.n
 		}
 		for round := range *rounds {
 			// The round is in the fresh keys' tag: a key of an earlier
@@ -96,10 +105,15 @@ func main() {
 		base := median(results["direct"]).rate
 		for _, label := range []string{"direct", "proxy fresh", "proxy replays"} {
 			m := median(results[label])
-			fmt.Printf("%-7s %-14s %10.0f %7.2fx %10s %15d\n", name, label, m.rate, m.rate/base, m.p50.Round(10*time.Microsecond), conns[label])
+			perReq := "-"
+			if label != "direct" && requests[label] > 0 && cpuKnown {
+				perReq = (cpu[label] / time.Duration(requests[label])).Round(time.Microsecond).String()
+			}
+			fmt.Printf("%-7s %-14s %10.0f %7.2fx %10s %15d %14s\n", name, label, m.rate, m.rate/base, m.p50.Round(10*time.Microsecond), conns[label], perReq)
 		}
 	}
 	fmt.Printf("upstream conns: TCP connections the upstream accepted during the phase, all rounds together\n")
+	fmt.Printf("proxy CPU/req: the idem proxy process's CPU time (user and system) per request, all rounds together\n")
 	fmt.Printf("load average after: %s\n", loadAverage())
 }
 
@@ -161,8 +175,9 @@ func storeArgs(name, redisURL, dir string) ([]string, error) {
 var listening = regexp.MustCompile(`msg="proxy listening" addr=(\S+)`)
 
 // startProxy runs `idem proxy` in front of upstream until stop, and
-// returns its URL. Its warnings and errors are copied to stderr.
-func startProxy(bin, upstream string, storeArgs []string) (url string, stop func()) {
+// returns its URL and process id. Its warnings and errors are copied to
+// stderr.
+func startProxy(bin, upstream string, storeArgs []string) (url string, pid int, stop func()) {
 	args := append([]string{"proxy", "--upstream", upstream, "--addr", "127.0.0.1:0", "--tenant", "shared"}, storeArgs...)
 	cmd := exec.Command(bin, args...)
 	stderr, err := cmd.StderrPipe()
@@ -195,7 +210,7 @@ func startProxy(bin, upstream string, storeArgs []string) (url string, stop func
 		cmd.Process.Kill() //nolint:errcheck // giving up
 		log.Fatal("idem proxy not listening after 30s")
 	}
-	return url, func() {
+	return url, cmd.Process.Pid, func() {
 		cmd.Process.Signal(os.Interrupt) //nolint:errcheck // Wait reports it
 		<-done
 		if err := cmd.Wait(); err != nil {
@@ -207,6 +222,36 @@ func startProxy(bin, upstream string, storeArgs []string) (url string, stop func
 type result struct {
 	rate float64
 	p50  time.Duration
+	n    int // requests answered
+}
+
+// clockTick is the unit of /proc/PID/stat's times, USER_HZ: 100 on
+// every Linux architecture Go runs on.
+const clockTick = 10 * time.Millisecond
+
+// cpuTime is the CPU time process pid used so far (user and system);
+// false where /proc cannot tell (then no figure is printed).
+func cpuTime(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// The fields after the command, which is in parentheses and may hold
+	// spaces: state is the 3rd field, utime the 14th, stime the 15th.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, false
+	}
+	user, err1 := strconv.ParseInt(f[11], 10, 64)
+	sys, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(user+sys) * clockTick, true
 }
 
 var runID = strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -264,7 +309,7 @@ func run(base string, c int, d time.Duration, replay bool, tag string) result {
 	if len(all) == 0 {
 		return result{}
 	}
-	return result{rate: float64(len(all)) / d.Seconds(), p50: all[len(all)/2]}
+	return result{rate: float64(len(all)) / d.Seconds(), p50: all[len(all)/2], n: len(all)}
 }
 
 func median(rs []result) result {
