@@ -448,6 +448,17 @@ func TestProxySQLiteSynchronous(t *testing.T) {
 		c.Close()
 	}
 
+	// The other commands (idem serve) keep idemsqlite.Open's FULL.
+	c, err := openDB(t.Context(), sqliteDB(t), openOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	if err := c.db.QueryRowContext(t.Context(), `PRAGMA synchronous`).Scan(&got); err != nil || got != 2 {
+		t.Errorf("openDB without sqliteSynchronous: synchronous %d (%v), want 2 (FULL)", got, err)
+	}
+	c.Close()
+
 	for _, tc := range []struct {
 		args []string
 		want string
