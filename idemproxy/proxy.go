@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -156,11 +157,12 @@ func New(engine *idem.Engine, config *Config) (*Proxy, error) {
 			pr.Out.Header[keyHeader] = slices.Clone(vs)
 		}
 	}
-	p.plain = &httputil.ReverseProxy{Rewrite: rewrite, Transport: transport, ErrorLog: errorLog}
+	p.plain = &httputil.ReverseProxy{Rewrite: rewrite, Transport: transport, ErrorLog: errorLog, BufferPool: copyBuffers{}}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        rewrite,
 		Transport:      transport,
 		ErrorLog:       errorLog,
+		BufferPool:     copyBuffers{},
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
 	}
@@ -324,6 +326,21 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		pr = problemUnknownTimeout
 	}
 	st.override.Store(pr)
+}
+
+// copyBuffers is the ReverseProxies' httputil.BufferPool. Without one,
+// ReverseProxy allocates a 32 KiB buffer to copy each answer: most of
+// what a proxied request allocates, for answers mostly far smaller.
+type copyBuffers struct{}
+
+var copyBufferPool = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+func (copyBuffers) Get() []byte { return copyBufferPool.Get().(*[32 << 10]byte)[:] }
+
+func (copyBuffers) Put(b []byte) {
+	if len(b) == 32<<10 {
+		copyBufferPool.Put((*[32 << 10]byte)(b))
+	}
 }
 
 // watchedBody notes a failed read of the upstream's answer.

@@ -138,7 +138,9 @@ func (s *Store) completeAlone(ctx context.Context, p idem.CompleteParams) error 
 			return err
 		}
 		defer s.unlockWrites()
-		res, err = s.db.ExecContext(ctx, s.d.complete.text, args...)
+		// Prepared once on the pool: SQLite parses a plain statement at
+		// every run, and MySQL's driver prepares and closes it.
+		res, err = s.prepared(ctx, s.d.complete).ExecContext(ctx, args...)
 		return err
 	})
 	if err != nil {

@@ -61,8 +61,14 @@ func newTestDB(t testing.TB, dialect idemsql.Dialect) *testDB {
 // newTestDBAt is newTestDB on the database dsn names.
 func newTestDBAt(t testing.TB, dialect idemsql.Dialect, dsn string) *testDB {
 	t.Helper()
+	return newTestDBWith(t, dialect, dsn, func() (*sql.DB, error) { return openDB(dialect, dsn) })
+}
+
+// newTestDBWith is newTestDBAt with the handles opened by openHandle.
+func newTestDBWith(t testing.TB, dialect idemsql.Dialect, dsn string, openHandle func() (*sql.DB, error)) *testDB {
+	t.Helper()
 	open := func() *sql.DB {
-		db, err := openDB(dialect, dsn)
+		db, err := openHandle()
 		if err != nil {
 			t.Fatal(err)
 		}

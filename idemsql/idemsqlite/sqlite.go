@@ -56,7 +56,28 @@ const (
 //
 // path must name a file: ":memory:" is refused, since each pooled
 // connection would open a database of its own.
+//
+// Open leaves SQLite's synchronous setting at its default, FULL: every
+// commit waits for the disk. OpenWith sets it otherwise.
 func Open(path string) (*sql.DB, error) {
+	return OpenWith(path, nil)
+}
+
+// Options are the settings of OpenWith beyond Open's.
+type Options struct {
+	// Synchronous is SQLite's synchronous setting (PRAGMA synchronous)
+	// on every connection: "FULL" (the default, also when empty), "EXTRA"
+	// or "NORMAL". In WAL mode, NORMAL commits without waiting for the
+	// disk, which is flushed at checkpoints only: a crash of the process
+	// loses nothing, a power loss or a crash of the machine can lose the
+	// last commits (never the database's consistency). Use it where the
+	// records may be lost with the machine, as a proxy's may, whose
+	// upstream commits its own writes elsewhere.
+	Synchronous string
+}
+
+// OpenWith is Open with the settings of o (nil for Open's).
+func OpenWith(path string, o *Options) (*sql.DB, error) {
 	if path == "" || path == ":memory:" || strings.HasPrefix(path, "file:") {
 		return nil, errors.New("idemsqlite: Open needs the path of a database file")
 	}
@@ -64,6 +85,16 @@ func Open(path string) (*sql.DB, error) {
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeout))
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "foreign_keys(1)")
+	if o != nil && o.Synchronous != "" {
+		// Not OFF: with it even the checkpoints do not wait for the
+		// disk, and a power loss can corrupt the file.
+		switch sync := strings.ToUpper(o.Synchronous); sync {
+		case "NORMAL", "FULL", "EXTRA":
+			q.Add("_pragma", "synchronous("+sync+")")
+		default:
+			return nil, fmt.Errorf("idemsqlite: Options.Synchronous must be NORMAL, FULL or EXTRA, got %q", o.Synchronous)
+		}
+	}
 	q.Set("_txlock", "immediate")
 	// A file: URI, so that a path holding '?', '#' or '%' is escaped
 	// rather than cut. Its path must be absolute: in file://dir/app.db,

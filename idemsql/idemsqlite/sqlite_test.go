@@ -1,6 +1,7 @@
 package idemsqlite_test
 
 import (
+	"database/sql"
 	"os"
 	"path/filepath"
 	"testing"
@@ -44,6 +45,42 @@ func TestOpenSettings(t *testing.T) {
 		if db, err := idemsqlite.Open(bad); err == nil {
 			db.Close()
 			t.Errorf("Open(%q) succeeded, want an error", bad)
+		}
+	}
+}
+
+func TestOpenWithSynchronous(t *testing.T) {
+	for _, tc := range []struct {
+		setting string
+		want    int
+	}{{"", 2}, {"NORMAL", 1}, {"normal", 1}, {"FULL", 2}, {"EXTRA", 3}} {
+		db, err := idemsqlite.OpenWith(filepath.Join(t.TempDir(), "s.db"), &idemsqlite.Options{Synchronous: tc.setting})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Every pooled connection has it, not only the first.
+		conns := make([]*sql.Conn, idemsqlite.MaxOpenConns)
+		for i := range conns {
+			if conns[i], err = db.Conn(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			var got int
+			if err := conns[i].QueryRowContext(t.Context(), `PRAGMA synchronous`).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("Synchronous %q: connection %d has synchronous %d, want %d", tc.setting, i, got, tc.want)
+			}
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+		db.Close()
+	}
+	for _, bad := range []string{"OFF", "0", "fast"} {
+		if db, err := idemsqlite.OpenWith(filepath.Join(t.TempDir(), "s.db"), &idemsqlite.Options{Synchronous: bad}); err == nil {
+			db.Close()
+			t.Errorf("Synchronous %q accepted, want an error", bad)
 		}
 	}
 }

@@ -38,6 +38,9 @@ type openOptions struct {
 	// mustExist refuses a SQLite path that is not there, rather than
 	// creating an empty database (purge has nothing to do on one).
 	mustExist bool
+	// sqliteSynchronous is SQLite's synchronous setting (idemsqlite's
+	// Options.Synchronous); empty keeps idemsqlite.Open's, FULL.
+	sqliteSynchronous string
 }
 
 // openDB connects to the database a --db value names and checks that the
@@ -55,7 +58,7 @@ func openDB(ctx context.Context, db string, o openOptions) (*conn, error) {
 				return nil, fmt.Errorf("SQLite file %s does not exist", target.path)
 			}
 		}
-		db, err := idemsqlite.Open(target.path)
+		db, err := idemsqlite.OpenWith(target.path, &idemsqlite.Options{Synchronous: o.sqliteSynchronous})
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", target.describe(), err)
 		}

@@ -29,6 +29,7 @@ import (
 // proxyOpts are the settings of `idem proxy`, from its flags.
 type proxyOpts struct {
 	upstream, addr, db, keys, routes, tenant, tenantSecretFile string
+	sqliteSynchronous                                          string
 	lease, retention, waitInFlight, upstreamTimeout            time.Duration
 	requireKey, releaseOn5xx, bufferOnly                       bool
 	maxRequestBody, maxResponseBody                            int64
@@ -70,11 +71,23 @@ answers are stored.
 `
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	o := proxyOpts{}
+	o, err := parseProxyFlags(args, stdout)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	return (&proxyCmd{CommandBase{Stdout: stdout, Logger: logger}}).run(ctx, o)
+}
+
+// parseProxyFlags reads the command line of `idem proxy` (--help prints
+// to stdout and returns flag.ErrHelp).
+func parseProxyFlags(args []string, stdout io.Writer) (*proxyOpts, error) {
+	o := &proxyOpts{}
 	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
 	fs.StringVar(&o.upstream, "upstream", "", "forward to this `URL` (http://host:port), required")
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:3100", "listen on `host:port` (port 0 picks a free one)")
 	fs.StringVar(&o.db, "db", "", dbFlagHelp+"\nthat keeps the idempotency records")
+	fs.StringVar(&o.sqliteSynchronous, "sqlite-synchronous", "NORMAL", "SQLite's synchronous `setting` for --db sqlite:, NORMAL or FULL. NORMAL commits without waiting for the disk:\na crash of the proxy loses nothing, a power loss can lose the records since the last checkpoint (their keys\nthen reach the upstream again). FULL waits for the disk on every commit, at a cost in throughput")
 	fs.StringVar(&o.keys, "keys", "", "keep the idempotency records in Redis (redis://…) or DynamoDB (dynamodb://TABLE?region=…) at this `URL` instead of --db")
 	fs.StringVar(&o.routes, "routes", "", "the protected `routes`, comma-separated ServeMux patterns with a method: 'POST /orders,POST /payments/{id}/capture'\n(default POST and PATCH on every path)")
 	fs.StringVar(&o.tenant, "tenant", "", "how the tenant is found: header:NAME, bearer or shared (required)")
@@ -94,13 +107,15 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	durationVar(fs, &o.idleTimeout, "idle-timeout", defaultIdleTimeout, "close a kept-alive connection idle this long")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve GET /metrics and GET /healthz on this `host:port`, with the API's timeouts; without it no metrics are served (never on --addr)")
 	if err := parseFlags(fs, proxyHelp, args, stdout); err != nil {
-		return err
+		return nil, err
+	}
+	if isSet(fs, "sqlite-synchronous") && !strings.HasPrefix(o.db, "sqlite:") {
+		return nil, usagef("--sqlite-synchronous applies to --db sqlite: only")
 	}
 	if isSet(fs, "write-timeout") && o.writeTimeout == 0 {
-		return usagef("--write-timeout must be positive, got 0s")
+		return nil, usagef("--write-timeout must be positive, got 0s")
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	return (&proxyCmd{CommandBase{Stdout: stdout, Logger: logger}}).run(ctx, &o)
+	return o, nil
 }
 
 // proxyCmd runs the proxy until its context ends.
@@ -139,6 +154,11 @@ func (o *proxyOpts) check() (*url.URL, error) {
 		return nil, usagef("--read-timeout and --idle-timeout must be at least %s", minInterval)
 	case o.writeTimeout < 0:
 		return nil, usagef("--write-timeout must be positive, got %s", o.writeTimeout)
+	}
+	switch strings.ToUpper(o.sqliteSynchronous) {
+	case "NORMAL", "FULL":
+	default:
+		return nil, usagef("--sqlite-synchronous must be NORMAL or FULL, got %q", o.sqliteSynchronous)
 	}
 	if o.keys != "" {
 		if err := checkKeysURL(o.keys); err != nil {
@@ -207,7 +227,11 @@ func (o *proxyOpts) openStore(ctx context.Context, logger *slog.Logger) (*conn, 
 		}
 		return c, st, nil
 	}
-	c, err := openDB(ctx, o.db, openOptions{})
+	// The proxy's records are not in the upstream's transaction: a
+	// commit that waits for the disk protects them from a power loss
+	// only, which loses the upstream's answer in flight anyway (see
+	// docs/PROXY.md). NORMAL unless --sqlite-synchronous says FULL.
+	c, err := openDB(ctx, o.db, openOptions{sqliteSynchronous: o.sqliteSynchronous})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/cmd/idem/idemcheck"
+	"github.com/idem-go/idem/idemsql/idemsqlite"
 	"github.com/idem-go/idem/internal/atonce"
 	"github.com/idem-go/idem/internal/testenv"
 )
@@ -403,5 +406,69 @@ func TestProxyFlagsRefused(t *testing.T) {
 	err := runProxy(t.Context(), []string{"--upstream", "http://127.0.0.1:1", "--tenant", "bearer", "--db", "sqlite::memory:"}, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "needs a secret") {
 		t.Errorf("--tenant bearer without a secret: %v", err)
+	}
+}
+
+// TestProxySQLiteSynchronous: the proxy's SQLite records commit with
+// synchronous = NORMAL unless --sqlite-synchronous says FULL, on every
+// connection of the pool; a bad value is refused on one line.
+func TestProxySQLiteSynchronous(t *testing.T) {
+	for _, tc := range []struct {
+		flags []string
+		want  int
+	}{{nil, 1}, {[]string{"--sqlite-synchronous", "FULL"}, 2}, {[]string{"--sqlite-synchronous", "normal"}, 1}} {
+		args := append([]string{"--upstream", "http://127.0.0.1:1", "--tenant", "shared", "--db", sqliteDB(t)}, tc.flags...)
+		o, err := parseProxyFlags(args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := o.check(); err != nil {
+			t.Fatal(err)
+		}
+		c, _, err := o.openStore(t.Context(), slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns := make([]*sql.Conn, idemsqlite.MaxOpenConns)
+		for i := range conns {
+			if conns[i], err = c.db.Conn(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			var got int
+			if err := conns[i].QueryRowContext(t.Context(), `PRAGMA synchronous`).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("%q: connection %d has synchronous %d, want %d", tc.flags, i, got, tc.want)
+			}
+		}
+		for _, conn := range conns {
+			conn.Close()
+		}
+		c.Close()
+	}
+
+	// The other commands (idem serve) keep idemsqlite.Open's FULL.
+	c, err := openDB(t.Context(), sqliteDB(t), openOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	if err := c.db.QueryRowContext(t.Context(), `PRAGMA synchronous`).Scan(&got); err != nil || got != 2 {
+		t.Errorf("openDB without sqliteSynchronous: synchronous %d (%v), want 2 (FULL)", got, err)
+	}
+	c.Close()
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--sqlite-synchronous", "OFF", "--db", sqliteDB(t)}, `idem proxy: --sqlite-synchronous must be NORMAL or FULL, got "OFF"` + "\n"},
+		{[]string{"--sqlite-synchronous", "FULL", "--keys", "redis://127.0.0.1:1/0"}, "idem proxy: --sqlite-synchronous applies to --db sqlite: only\n"},
+	} {
+		code, _, errOut := run(append([]string{"proxy", "--upstream", "http://127.0.0.1:1", "--tenant", "shared"}, tc.args...)...)
+		if code != ExitUsage || errOut != tc.want {
+			t.Errorf("%q: exit %d, stderr %q; want exit %d, %q", tc.args, code, errOut, ExitUsage, tc.want)
+		}
 	}
 }
