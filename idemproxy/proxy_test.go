@@ -217,9 +217,11 @@ func TestRoutes(t *testing.T) {
 	if a := f.post("/orders", "r", "a"); !a.replayed {
 		t.Errorf("POST /orders not protected: %+v", a)
 	}
-	f.post("/other", "r", "a")
-	if a := f.post("/other", "r", "a"); a.replayed || a.header.Get("Idempotency-Key") != "" {
-		t.Errorf("POST /other was protected: %+v", a)
+	for _, path := range []string{"/other", "/orders/", "/orders/7"} {
+		f.post(path, "r", "a")
+		if a := f.post(path, "r", "a"); a.replayed || a.header.Get("Idempotency-Key") != "" {
+			t.Errorf("POST %s was protected by the route POST /orders: %+v", path, a)
+		}
 	}
 	req, _ := http.NewRequest(http.MethodPut, f.url+"/payments/7/capture", nil)
 	req.Header.Set("Idempotency-Key", "p")
@@ -230,8 +232,8 @@ func TestRoutes(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	if got := calls.Load(); got != 4 {
-		t.Errorf("the upstream ran %d times, want 4 (one per protected key, two unprotected)", got)
+	if got := calls.Load(); got != 8 {
+		t.Errorf("the upstream ran %d times, want 8 (one per protected key, six unprotected)", got)
 	}
 	if _, err := idemproxy.New(f.engine, &idemproxy.Config{Upstream: &url.URL{Scheme: "http", Host: "x"}, Routes: []string{"/orders"},
 		Middleware: idemhttp.Config{SharedKeySpace: true}}); err == nil {
