@@ -227,6 +227,71 @@ func TestSingleTransactionWaitLimitAcrossProcesses(t *testing.T) {
 	})
 }
 
+// TestSingleTransactionWaitLimitQueued: claims that queue in one Store
+// behind each other while another process's transaction holds a key (on
+// SQLite, the database's only write lock) keep their wait limits: a
+// duplicate of that key, and claims of other keys sent with it, each end
+// about their limit after they began (idem.ErrInFlight where the holder
+// keeps them out), not after the limits of the claims queued before them
+// as well.
+func TestSingleTransactionWaitLimitQueued(t *testing.T) {
+	forEachSingleDialect(t, func(t *testing.T, env *testDB, eng *idem.Engine) {
+		ctx := context.Background()
+		other := testenv.Must(idem.NewEngine(env.peer, nil))
+		t.Cleanup(func() { _ = other.Close(context.Background()) })
+		fp := []byte("POST /orders")
+		running, release := make(chan struct{}), make(chan struct{})
+		first := make(chan error, 1)
+		go func() {
+			_, err := eng.Do(ctx, idem.Operation{Key: "queued", Fingerprint: fp}, func(ctx context.Context) (idem.Result, error) {
+				if err := env.businessWrite(ctx, "queued"); err != nil {
+					return idem.Result{}, err
+				}
+				close(running)
+				<-release
+				return idem.Result{Status: 201, Body: []byte("done")}, nil
+			})
+			first <- err
+		}()
+		<-running
+		// Released once the claims below ended (or failed the test).
+		timer := time.AfterFunc(10*time.Second, func() { close(release) })
+		defer timer.Stop()
+		const n, wait = 4, time.Second
+		took := make([]time.Duration, n)
+		errs := make([]error, n)
+		atOnce(n, func(i int) {
+			// The first is the duplicate; the others claim keys of their
+			// own, which only SQLite's one write lock keeps out.
+			key := "queued"
+			if i > 0 {
+				key = fmt.Sprintf("queued-other-%d", i)
+			}
+			start := time.Now()
+			_, errs[i] = other.Do(ctx, idem.Operation{Key: key, Fingerprint: fp, WaitInFlight: wait}, func(context.Context) (idem.Result, error) {
+				if i == 0 {
+					t.Error("the duplicate ran")
+				}
+				return idem.Result{Status: 201}, nil
+			})
+			took[i] = time.Since(start)
+		})
+		for i := range n {
+			// A second of slack for a busy machine; queued one after the
+			// other, the last would end after n seconds.
+			if (errs[i] != nil && !errors.Is(errs[i], idem.ErrInFlight)) || (i == 0 && errs[i] == nil) || took[i] > 2*wait {
+				t.Errorf("claim %d of %d in another process (0: the duplicate), WaitInFlight %v: %v after %v; want it within about %v (the duplicate: idem.ErrInFlight)", i, n, wait, errs[i], took[i].Round(time.Millisecond), wait)
+			}
+		}
+		if timer.Stop() {
+			close(release)
+		}
+		if err := <-first; err != nil {
+			t.Fatalf("first execution: %v", err)
+		}
+	})
+}
+
 // TestSingleTransactionEndings: a handler error frees the key and leaves
 // nothing; a handler that rolls its writes back has its answer stored
 // alone; a duplicate waiting on a holder that fails runs afresh.

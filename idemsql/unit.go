@@ -81,7 +81,9 @@ type unit struct {
 	// passed to it: then only a writer of another process can hold the
 	// lock. A claim of the single-transaction mode sets it to its wait
 	// limit (singleLockWait), since the holder may be a duplicate's
-	// execution, which no one here can tell from another key's.
+	// execution, which no one here can tell from another key's. It is
+	// counted from the beginning of begin, the wait for the gate
+	// included, and is at least singleMinLockWait once the gate passed.
 	lockWait time.Duration
 }
 
@@ -153,6 +155,7 @@ func (u *unit) begin(ctx context.Context) error {
 // statements of one text in order, stopping at the first error (SQLite).
 func (u *unit) beginThen(ctx context.Context, then *query, values map[string]any) (sql.Result, error) {
 	s := u.s
+	began := time.Now()
 	if err := s.lockWrites(ctx); err != nil {
 		return nil, fmt.Errorf("idemsql: begin: %w", err)
 	}
@@ -170,8 +173,15 @@ func (u *unit) beginThen(ctx context.Context, then *query, values map[string]any
 			args = then.args(values)
 		}
 		runCtx, cancel := ctx, context.CancelFunc(func() {})
-		if i == 0 && u.lockWait > 0 {
-			runCtx, cancel = context.WithTimeout(ctx, u.lockWait)
+		lockWait := u.lockWait
+		if i == 0 && lockWait > 0 {
+			// The wait in the Store's own queue counts: claims queued
+			// behind one that waits for another process's lock would
+			// otherwise each add their whole limit to the wait of the
+			// claims behind them. Never less than singleMinLockWait,
+			// so that a claim let through late still gets a free lock.
+			lockWait = max(lockWait-time.Since(began), singleMinLockWait)
+			runCtx, cancel = context.WithTimeout(ctx, lockWait)
 		}
 		run := func() (err error) {
 			res, err = conn.ExecContext(runCtx, q, args...)
@@ -190,7 +200,7 @@ func (u *unit) beginThen(ctx context.Context, then *query, values map[string]any
 			discard(conn)
 			s.unlockWrites()
 			if waited {
-				return nil, fmt.Errorf("idemsql: begin: %w (waited %s for the write lock, which another process's transaction holds)", idem.ErrInFlight, u.lockWait)
+				return nil, fmt.Errorf("idemsql: begin: %w (waited %s for the write lock, which another process's transaction holds)", idem.ErrInFlight, time.Since(began).Round(time.Millisecond))
 			}
 			return nil, fmt.Errorf("idemsql: begin: %w", err)
 		}
