@@ -240,20 +240,8 @@ func TestSingleTransactionWaitLimitQueued(t *testing.T) {
 		other := testenv.Must(idem.NewEngine(env.peer, nil))
 		t.Cleanup(func() { _ = other.Close(context.Background()) })
 		fp := []byte("POST /orders")
-		running, release := make(chan struct{}), make(chan struct{})
-		first := make(chan error, 1)
-		go func() {
-			_, err := eng.Do(ctx, idem.Operation{Key: "queued", Fingerprint: fp}, func(ctx context.Context) (idem.Result, error) {
-				if err := env.businessWrite(ctx, "queued"); err != nil {
-					return idem.Result{}, err
-				}
-				close(running)
-				<-release
-				return idem.Result{Status: 201, Body: []byte("done")}, nil
-			})
-			first <- err
-		}()
-		<-running
+		release := make(chan struct{})
+		first := hold(eng, env, idem.Operation{Key: "queued", Fingerprint: fp}, release)
 		// Released once the claims below ended (or failed the test).
 		timer := time.AfterFunc(10*time.Second, func() { close(release) })
 		defer timer.Stop()
